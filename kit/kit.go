@@ -1,0 +1,410 @@
+// Package kit is what every provider shares, and the one way to build one: a
+// provider implements the narrow runtime I/O of [Provider] and [Resources],
+// and [New] wraps it into a [sandbox.Sandbox] that owns the session ledger,
+// info/list/get, touch and TTL bookkeeping, reap and the background reaper,
+// the default exec timeout, workspace-relative path resolution and the
+// create-time policy chokepoint.
+package kit
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tai42/sandbox"
+)
+
+// Defaults for [Options].
+const (
+	DefaultExecTimeout  = 60 * time.Second
+	DefaultReapInterval = 30 * time.Second
+)
+
+// Options configure a kit-built sandbox.
+type Options struct {
+	// Policy is enforced at every create. It must be valid.
+	Policy sandbox.Policy
+	// ExecDefaultTimeout is reported by ExecDefaultTimeout; exec still
+	// requires an explicit timeout. 0 means [DefaultExecTimeout].
+	ExecDefaultTimeout time.Duration
+	// ReapInterval is the background reaper's cadence. 0 means
+	// [DefaultReapInterval]; negative turns the background reaper off.
+	ReapInterval time.Duration
+	// Logger receives lifecycle events (never env values). nil discards.
+	Logger *slog.Logger
+}
+
+// Sandbox is a kit-built [sandbox.Sandbox]. Close it when done: it stops the
+// reaper and destroys every live session.
+type Sandbox struct {
+	prov   Provider
+	policy sandbox.Policy
+	execTO time.Duration
+	reapIv time.Duration
+	log    *slog.Logger
+
+	mu       sync.Mutex
+	sessions map[string]*session
+	keys     map[string]*session // persistent workspace_key -> holder (live, or expired and not yet torn down)
+	closed   bool
+
+	stopReaper context.CancelFunc
+	reaperDone chan struct{}
+}
+
+var _ sandbox.Sandbox = (*Sandbox)(nil)
+
+// New wraps prov into a sandbox enforcing opts.Policy and starts its reaper.
+func New(prov Provider, opts Options) (*Sandbox, error) {
+	if prov == nil {
+		return nil, errors.New("kit: a provider is required")
+	}
+	if err := opts.Policy.Validate(); err != nil {
+		return nil, fmt.Errorf("kit: %w", err)
+	}
+	if !prov.Isolation().Valid() {
+		return nil, fmt.Errorf("kit: provider %q reports isolation %q", prov.Name(), prov.Isolation())
+	}
+	s := &Sandbox{
+		prov:     prov,
+		policy:   opts.Policy,
+		execTO:   opts.ExecDefaultTimeout,
+		reapIv:   opts.ReapInterval,
+		log:      opts.Logger,
+		sessions: make(map[string]*session),
+		keys:     make(map[string]*session),
+	}
+	if s.execTO <= 0 {
+		s.execTO = DefaultExecTimeout
+	}
+	if s.reapIv == 0 {
+		s.reapIv = DefaultReapInterval
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.log = s.log.With("provider", prov.Name())
+	if s.reapIv > 0 {
+		ctx, cancel := context.WithCancel(context.Background())
+		s.stopReaper, s.reaperDone = cancel, make(chan struct{})
+		go s.reaper(ctx)
+	}
+	return s, nil
+}
+
+// Provider returns the wrapped provider.
+func (s *Sandbox) Provider() Provider { return s.prov }
+
+// Policy returns the policy the sandbox enforces.
+func (s *Sandbox) Policy() sandbox.Policy { return s.policy }
+
+// ExecDefaultTimeout implements [sandbox.Sandbox].
+func (s *Sandbox) ExecDefaultTimeout() time.Duration { return s.execTO }
+
+// ReapInterval implements [sandbox.Sandbox]; negative when the background
+// reaper is off.
+func (s *Sandbox) ReapInterval() time.Duration { return s.reapIv }
+
+func (s *Sandbox) reaper(ctx context.Context) {
+	defer close(s.reaperDone)
+	t := time.NewTicker(s.reapIv)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			ids, err := s.Reap(ctx)
+			if len(ids) > 0 {
+				s.log.Info("reaped expired sessions", "count", len(ids), "ids", ids)
+			}
+			if err != nil && ctx.Err() == nil {
+				s.log.Error("reap failed", "err", err)
+			}
+		}
+	}
+}
+
+// Close stops the background reaper and destroys every session (persistent
+// workspaces are kept). Later creates fail. It is safe to call twice.
+func (s *Sandbox) Close(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	all := slices.Collect(maps.Values(s.sessions))
+	s.mu.Unlock()
+	if s.stopReaper != nil {
+		s.stopReaper()
+		<-s.reaperDone
+	}
+	var errs []error
+	for _, ss := range all {
+		if err := s.destroy(ctx, ss); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// CreateSession implements [sandbox.Sandbox]: validation, then the policy
+// rules, then what the provider can enforce, then the persistent key.
+func (s *Sandbox) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (sandbox.Session, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if spec.Isolation == "" {
+		spec.Isolation = s.prov.Isolation()
+	}
+	if err := CheckPolicy(s.policy, spec); err != nil {
+		return nil, err
+	}
+	if sandbox.IsolationStrength(spec.Isolation) > sandbox.IsolationStrength(s.prov.Isolation()) {
+		return nil, &sandbox.SpecRejectedError{Field: "isolation", Reason: sandbox.ReasonUnenforceable,
+			Message: fmt.Sprintf("isolation %q is stronger than provider %q gives (%q)", spec.Isolation, s.prov.Name(), s.prov.Isolation())}
+	}
+	if err := s.prov.Check(spec); err != nil {
+		return nil, err
+	}
+	spec.Env = maps.Clone(spec.Env)
+	spec.Labels = maps.Clone(spec.Labels)
+
+	id, err := newID()
+	if err != nil {
+		return nil, sandbox.WrapError("create_session", "cannot make a session id", err)
+	}
+	ss := &session{kit: s, id: id, spec: spec, gone: make(chan struct{})}
+	if err := s.claim(ctx, ss); err != nil {
+		return nil, err
+	}
+	res, err := s.prov.Create(ctx, CreateRequest{ID: id, Spec: spec})
+	if err != nil {
+		s.release(ss)
+		var se *sandbox.SandboxError
+		if !errors.As(err, &se) {
+			err = sandbox.WrapError("create_session", "provider "+s.prov.Name()+" could not create the session", err)
+		}
+		return nil, err
+	}
+	now := time.Now()
+	s.mu.Lock()
+	ss.res = res
+	ss.created = now
+	ss.expires = now.Add(spec.TTL())
+	if s.closed {
+		s.mu.Unlock()
+		s.release(ss)
+		_ = res.Destroy(context.WithoutCancel(ctx))
+		return nil, sandbox.Errorf("create_session", "the sandbox is closed")
+	}
+	s.sessions[id] = ss
+	s.mu.Unlock()
+	s.log.Info("session created", "id", id, "image", spec.Image, "durability", spec.Durability,
+		"network", spec.Network, "ttl_seconds", spec.TTLSeconds)
+	return ss, nil
+}
+
+// claim reserves a persistent session's workspace_key, tearing down an
+// expired holder first (an expired session is already gone for consumers).
+func (s *Sandbox) claim(ctx context.Context, ss *session) error {
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return sandbox.Errorf("create_session", "the sandbox is closed")
+		}
+		if ss.spec.Durability != sandbox.Persistent {
+			s.mu.Unlock()
+			return nil
+		}
+		key := ss.spec.WorkspaceKey
+		holder := s.keys[key]
+		if holder == nil {
+			s.keys[key] = ss
+			s.mu.Unlock()
+			return nil
+		}
+		live := holder.res != nil && !holder.destroying && time.Now().Before(holder.expires)
+		s.mu.Unlock()
+		if live || holder.res == nil {
+			return &sandbox.SpecRejectedError{Field: "workspace_key", Reason: sandbox.ReasonConflict,
+				Message: fmt.Sprintf("persistent workspace %q is in use by live session %s; one live session per key", key, holder.id)}
+		}
+		// Expired or being destroyed: finish its teardown, then try again.
+		if err := s.destroy(ctx, holder); err != nil {
+			return sandbox.WrapError("create_session", fmt.Sprintf("workspace %q: tearing down expired session %s failed", key, holder.id), err)
+		}
+	}
+}
+
+func (s *Sandbox) release(ss *session) {
+	s.mu.Lock()
+	if ss.spec.Durability == sandbox.Persistent && s.keys[ss.spec.WorkspaceKey] == ss {
+		delete(s.keys, ss.spec.WorkspaceKey)
+	}
+	s.mu.Unlock()
+}
+
+// CheckPolicy applies the operator policy to a spec whose isolation is
+// resolved, returning a *sandbox.SpecRejectedError of Reason ReasonPolicy
+// that names the rule.
+func CheckPolicy(p sandbox.Policy, spec sandbox.SessionSpec) error {
+	if sandbox.NetworkOpenness(spec.Network) > sandbox.NetworkOpenness(p.Egress) {
+		return &sandbox.SpecRejectedError{Field: "network", Reason: sandbox.ReasonPolicy,
+			Message: fmt.Sprintf("network %q is looser than the policy's egress ceiling %q", spec.Network, p.Egress)}
+	}
+	if sandbox.IsolationStrength(spec.Isolation) < sandbox.IsolationStrength(p.Isolation) {
+		return &sandbox.SpecRejectedError{Field: "isolation", Reason: sandbox.ReasonPolicy,
+			Message: fmt.Sprintf("isolation %q is below the policy's isolation floor %q", spec.Isolation, p.Isolation)}
+	}
+	if spec.Durability == sandbox.Persistent && !p.Durable {
+		return &sandbox.SpecRejectedError{Field: "durability", Reason: sandbox.ReasonPolicy,
+			Message: "persistent sessions are not permitted: the policy has durable off"}
+	}
+	return nil
+}
+
+// GetSession implements [sandbox.Sandbox].
+func (s *Sandbox) GetSession(_ context.Context, id string) (sandbox.Session, error) {
+	ss, err := s.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	return ss, nil
+}
+
+func (s *Sandbox) lookup(id string) (*session, error) {
+	s.mu.Lock()
+	ss := s.sessions[id]
+	s.mu.Unlock()
+	if ss == nil {
+		return nil, &sandbox.SessionNotFoundError{SessionID: id}
+	}
+	if err := ss.live(); err != nil {
+		return nil, err
+	}
+	return ss, nil
+}
+
+// ListSessions implements [sandbox.Sandbox]: every live, unexpired session,
+// oldest first.
+func (s *Sandbox) ListSessions(context.Context) ([]sandbox.SessionInfo, error) {
+	s.mu.Lock()
+	all := slices.Collect(maps.Values(s.sessions))
+	s.mu.Unlock()
+	out := make([]sandbox.SessionInfo, 0, len(all))
+	for _, ss := range all {
+		if info, err := ss.info(); err == nil {
+			out = append(out, info)
+		}
+	}
+	slices.SortFunc(out, func(a, b sandbox.SessionInfo) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return cmpString(a.ID, b.ID)
+	})
+	return out, nil
+}
+
+// DestroySession implements [sandbox.Sandbox]; idempotent.
+func (s *Sandbox) DestroySession(ctx context.Context, id string) error {
+	s.mu.Lock()
+	ss := s.sessions[id]
+	s.mu.Unlock()
+	if ss == nil {
+		return nil
+	}
+	return s.destroy(ctx, ss)
+}
+
+// Reap implements [sandbox.Sandbox]: it destroys every session past its
+// expires_at and returns exactly the ids it destroyed. A session whose
+// teardown fails is not listed; the failure is returned.
+func (s *Sandbox) Reap(ctx context.Context) ([]string, error) {
+	now := time.Now()
+	s.mu.Lock()
+	var expired []*session
+	for _, ss := range s.sessions {
+		if ss.expiredAt(now) {
+			expired = append(expired, ss)
+		}
+	}
+	s.mu.Unlock()
+	var ids []string
+	var errs []error
+	for _, ss := range expired {
+		first, err := s.destroyOnce(ctx, ss)
+		if err != nil {
+			errs = append(errs, err)
+		} else if first {
+			ids = append(ids, ss.id)
+		}
+	}
+	slices.Sort(ids)
+	return ids, errors.Join(errs...)
+}
+
+func (s *Sandbox) destroy(ctx context.Context, ss *session) error {
+	_, err := s.destroyOnce(ctx, ss)
+	return err
+}
+
+// destroyOnce tears ss down once; a concurrent or later call waits for that
+// teardown and reports its outcome. first reports whether this call did it.
+func (s *Sandbox) destroyOnce(ctx context.Context, ss *session) (first bool, err error) {
+	s.mu.Lock()
+	if ss.destroying {
+		s.mu.Unlock()
+		select {
+		case <-ss.gone:
+			return false, ss.destroyErr
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+	ss.destroying = true
+	s.mu.Unlock()
+
+	err = ss.res.Destroy(context.WithoutCancel(ctx))
+	s.mu.Lock()
+	delete(s.sessions, ss.id)
+	if ss.spec.Durability == sandbox.Persistent && s.keys[ss.spec.WorkspaceKey] == ss {
+		delete(s.keys, ss.spec.WorkspaceKey)
+	}
+	if err != nil {
+		err = sandbox.WrapError("destroy_session", "tearing down session "+ss.id+" failed", err)
+	}
+	ss.destroyErr = err
+	s.mu.Unlock()
+	close(ss.gone)
+	if err != nil {
+		s.log.Error("session teardown failed", "id", ss.id, "err", err)
+	} else {
+		s.log.Info("session destroyed", "id", ss.id)
+	}
+	return true, err
+}
+
+func newID() (string, error) {
+	var b [12]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return "sb-" + hex.EncodeToString(b[:]), nil
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,92 @@
+package kit
+
+import (
+	"context"
+	"time"
+
+	"github.com/tai42/sandbox"
+)
+
+// Provider is the runtime I/O a provider implements. The kit calls it only
+// with validated, policy-checked input: a provider never sees a request the
+// kit has not seen first, so it cannot bypass the policy chokepoint, the
+// ledger or the path rules.
+type Provider interface {
+	// Name is the provider's registered name ("host", "container", ...).
+	Name() string
+	// Isolation is the level the provider runs every session at; a spec
+	// with isolation "" gets it, and a spec asking for more is rejected.
+	Isolation() sandbox.Isolation
+	// SharedFilesystem reports that a session sees the host's filesystem, so
+	// an absolute path outside its workspace is refused rather than handed
+	// to the provider as a path in the session's own filesystem.
+	SharedFilesystem() bool
+	// Check rejects a spec the provider cannot enforce (an image it does not
+	// honour, a network tier, a cap, persistence) with a
+	// *sandbox.SpecRejectedError of Reason ReasonUnenforceable that names
+	// the field and says why. The spec has passed validation and policy.
+	Check(spec sandbox.SessionSpec) error
+	// Create makes one session's resources: its workspace and whatever the
+	// runtime needs. On error it leaves nothing behind.
+	Create(ctx context.Context, req CreateRequest) (Resources, error)
+}
+
+// CreateRequest is what a provider gets to create one session.
+type CreateRequest struct {
+	// ID is the kit-assigned session id.
+	ID string
+	// Spec is validated and policy-checked; Spec.Isolation is resolved
+	// (never "").
+	Spec sandbox.SessionSpec
+}
+
+// Resources is one live session's runtime side.
+//
+// Every method may be called concurrently with the others. Destroy ends
+// every exec still running (a running Exec returns, a handle's stream ends)
+// with a *sandbox.SessionNotFoundError, and any exec started after Destroy
+// began fails the same way.
+type Resources interface {
+	// WorkspacePath is the absolute root of the session's workspace as the
+	// session sees it.
+	WorkspacePath() string
+	Exec(ctx context.Context, req ExecRequest) (sandbox.ExecResult, error)
+	ExecStart(ctx context.Context, req ExecRequest) (sandbox.ExecHandle, error)
+	PutFile(ctx context.Context, p Path, data []byte) error
+	GetFile(ctx context.Context, p Path) ([]byte, error)
+	// Destroy ends every process of the session and removes its resources;
+	// an ephemeral workspace is removed, a persistent one is kept. It runs
+	// under a context without cancellation.
+	Destroy(ctx context.Context) error
+}
+
+// Path is a caller's path resolved by the kit.
+type Path struct {
+	// Rel is the clean workspace-relative path ("." for the workspace
+	// itself, never climbing out), or "" when the path is absolute outside
+	// the workspace.
+	Rel string
+	// Abs is the absolute path in the session's filesystem.
+	Abs string
+	// Orig is the caller's path, for messages.
+	Orig string
+}
+
+// InWorkspace reports whether the path is inside the workspace.
+func (p Path) InWorkspace() bool { return p.Rel != "" }
+
+// ExecRequest is one exec as the provider gets it.
+type ExecRequest struct {
+	// Argv is non-empty, argv[0] is not empty, and no element holds a NUL.
+	Argv []string
+	// Cwd is resolved; Cwd.Rel is "." when the caller gave none.
+	Cwd Path
+	// Env is the spec's env overlaid by the exec's (exec wins). Keys are
+	// valid names; values hold no NUL.
+	Env map[string]sandbox.Secret
+	// Stdin is the whole input of a non-interactive exec; nil for
+	// ExecStart.
+	Stdin []byte
+	// Timeout is > 0.
+	Timeout time.Duration
+}

@@ -1,0 +1,218 @@
+package kit
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/tai42/sandbox"
+)
+
+// session is the kit's side of one session. Its mutable state (expires,
+// destroying, res) is guarded by the kit's mutex.
+type session struct {
+	kit  *Sandbox
+	id   string
+	spec sandbox.SessionSpec
+	res  Resources
+
+	created, expires time.Time
+	destroying       bool
+	gone             chan struct{} // closed when teardown finished
+	destroyErr       error
+}
+
+var _ sandbox.Session = (*session)(nil)
+
+func (ss *session) ID() string { return ss.id }
+
+func (ss *session) WorkspacePath() string { return ss.res.WorkspacePath() }
+
+func (ss *session) expiredAt(now time.Time) bool { return !now.Before(ss.expires) }
+
+// live returns *SessionNotFoundError once the session is destroyed or
+// expired: an expired session is gone for consumers at once, before the
+// reaper tears it down.
+func (ss *session) live() error {
+	ss.kit.mu.Lock()
+	defer ss.kit.mu.Unlock()
+	switch {
+	case ss.destroying:
+		return &sandbox.SessionNotFoundError{SessionID: ss.id, Detail: "it was destroyed"}
+	case ss.expiredAt(time.Now()):
+		return &sandbox.SessionNotFoundError{SessionID: ss.id, Detail: "it expired"}
+	}
+	return nil
+}
+
+func (ss *session) info() (sandbox.SessionInfo, error) {
+	if err := ss.live(); err != nil {
+		return sandbox.SessionInfo{}, err
+	}
+	ss.kit.mu.Lock()
+	expires := ss.expires
+	ss.kit.mu.Unlock()
+	return sandbox.SessionInfo{
+		ID:            ss.id,
+		Image:         ss.spec.Image,
+		WorkspaceKey:  ss.spec.WorkspaceKey,
+		WorkspacePath: ss.res.WorkspacePath(),
+		Durability:    ss.spec.Durability,
+		CreatedAt:     ss.created.UTC(),
+		ExpiresAt:     expires.UTC(),
+		Labels:        maps.Clone(ss.spec.Labels),
+	}, nil
+}
+
+func (ss *session) Info(context.Context) (sandbox.SessionInfo, error) { return ss.info() }
+
+// Touch extends expires_at to max(expires_at, now+ttl): a keep-alive that
+// never shortens a life.
+func (ss *session) Touch(context.Context) error {
+	ss.kit.mu.Lock()
+	defer ss.kit.mu.Unlock()
+	now := time.Now()
+	if ss.destroying || ss.expiredAt(now) {
+		return &sandbox.SessionNotFoundError{SessionID: ss.id}
+	}
+	if next := now.Add(ss.spec.TTL()); next.After(ss.expires) {
+		ss.expires = next
+	}
+	return nil
+}
+
+func (ss *session) Destroy(ctx context.Context) error { return ss.kit.destroy(ctx, ss) }
+
+func (ss *session) Exec(ctx context.Context, argv []string, opts sandbox.ExecOptions) (sandbox.ExecResult, error) {
+	req, err := ss.execRequest("exec", argv, opts.Cwd, opts.Env, opts.Timeout)
+	if err != nil {
+		return sandbox.ExecResult{}, err
+	}
+	req.Stdin = opts.Stdin
+	return ss.res.Exec(ctx, req)
+}
+
+func (ss *session) ExecStart(ctx context.Context, argv []string, opts sandbox.StartOptions) (sandbox.ExecHandle, error) {
+	req, err := ss.execRequest("exec_start", argv, opts.Cwd, opts.Env, opts.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	return ss.res.ExecStart(ctx, req)
+}
+
+func (ss *session) execRequest(op string, argv []string, cwd string, env map[string]sandbox.Secret, timeout time.Duration) (ExecRequest, error) {
+	if err := ss.live(); err != nil {
+		return ExecRequest{}, err
+	}
+	if timeout <= 0 {
+		return ExecRequest{}, sandbox.Errorf(op, "a timeout is required and must be > 0 (got %v); the provider's default is %v", timeout, ss.kit.execTO)
+	}
+	if len(argv) == 0 || argv[0] == "" {
+		return ExecRequest{}, sandbox.Errorf(op, "argv is empty: name a command to run")
+	}
+	for i, a := range argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return ExecRequest{}, sandbox.Errorf(op, "argv[%d] contains a NUL byte", i)
+		}
+	}
+	for k, v := range env {
+		if err := sandbox.ValidEnvKey(k); err != nil {
+			return ExecRequest{}, sandbox.Errorf(op, "%v", err)
+		}
+		if strings.IndexByte(v.Reveal(), 0) >= 0 {
+			return ExecRequest{}, sandbox.Errorf(op, "env %q: value contains a NUL byte", k)
+		}
+	}
+	p, err := ss.resolve(op, cwd, true)
+	if err != nil {
+		return ExecRequest{}, err
+	}
+	merged := maps.Clone(ss.spec.Env)
+	if merged == nil {
+		merged = make(map[string]sandbox.Secret, len(env))
+	}
+	maps.Copy(merged, env)
+	return ExecRequest{Argv: argv, Cwd: p, Env: merged, Timeout: timeout}, nil
+}
+
+func (ss *session) PutFile(ctx context.Context, path string, data []byte) error {
+	if err := ss.live(); err != nil {
+		return err
+	}
+	p, err := ss.resolve("put_file", path, false)
+	if err != nil {
+		return err
+	}
+	return ss.res.PutFile(ctx, p, data)
+}
+
+func (ss *session) GetFile(ctx context.Context, path string) ([]byte, error) {
+	if err := ss.live(); err != nil {
+		return nil, err
+	}
+	p, err := ss.resolve("get_file", path, false)
+	if err != nil {
+		return nil, err
+	}
+	return ss.res.GetFile(ctx, p)
+}
+
+func (ss *session) resolve(op, path string, isCwd bool) (Path, error) {
+	return Resolve(op, ss.res.WorkspacePath(), path, isCwd, ss.kit.prov.SharedFilesystem())
+}
+
+// Resolve applies the path rules: a relative path resolves against ws and
+// must stay inside it after cleaning; an absolute path inside ws is made
+// relative; an absolute path outside ws is refused when the session shares
+// the host's filesystem (shared), and otherwise passed on as a path in the
+// session's own filesystem. An empty path is the workspace itself for a cwd
+// (allowEmpty) and refused otherwise. Refusals are *sandbox.SandboxError
+// naming the path. Symlinks are the provider's to refuse (os.Root).
+func Resolve(op, ws, path string, allowEmpty, shared bool) (Path, error) {
+	refuse := func(why string) (Path, error) {
+		return Path{}, sandbox.Errorf(op, "path %q refused: %s", path, why)
+	}
+	switch {
+	case strings.IndexByte(path, 0) >= 0:
+		return refuse("it contains a NUL byte")
+	case path == "" && allowEmpty:
+		return Path{Rel: ".", Abs: ws, Orig: path}, nil
+	case path == "":
+		return refuse("it is empty; name a file in the workspace")
+	}
+	if filepath.IsAbs(path) {
+		clean := filepath.Clean(path)
+		if rel, ok := within(ws, clean); ok {
+			return Path{Rel: rel, Abs: clean, Orig: path}, nil
+		}
+		if shared {
+			return refuse(fmt.Sprintf("it is outside the workspace %s and this session shares the host's filesystem", ws))
+		}
+		return Path{Abs: clean, Orig: path}, nil
+	}
+	if !filepath.IsLocal(path) {
+		return refuse("it climbs out of the workspace")
+	}
+	rel := filepath.Clean(path)
+	return Path{Rel: rel, Abs: filepath.Join(ws, rel), Orig: path}, nil
+}
+
+// within reports whether the clean absolute path p is ws or below it, and
+// its path relative to ws.
+func within(ws, p string) (string, bool) {
+	ws = filepath.Clean(ws)
+	if p == ws {
+		return ".", true
+	}
+	prefix := ws + string(filepath.Separator)
+	if ws == string(filepath.Separator) {
+		prefix = ws
+	}
+	if strings.HasPrefix(p, prefix) {
+		return p[len(prefix):], true
+	}
+	return "", false
+}

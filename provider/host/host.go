@@ -1,0 +1,218 @@
+// Package host is the direct host runner: isolation "none". Each session is
+// a workspace directory under a state directory; each exec is a process in
+// its own process group, started in the workspace with a minimal clean
+// environment plus the spec's and the exec's env.
+//
+// What it enforces, and what it rejects:
+//   - image: "host" only (the host's own filesystem).
+//   - network: "none" runs every exec of the session in one new network
+//     namespace with only loopback (needs root: CAP_SYS_ADMIN); "egress" is
+//     the host's own network; "internal" cannot be enforced and is rejected.
+//   - cpu and memory_mb: a cgroup per session (v1 cpu+memory controllers, or
+//     v2 cpu.max/memory.max with swap off) when the cgroup tree is writable;
+//     else rejected, saying why.
+//   - persistent workspaces: a directory per workspace_key that survives
+//     destroy and reap.
+//
+// Processes: a timeout, a kill or the session's destroy sends SIGKILL to the
+// exec's whole process group. When a command exits on its own, processes it
+// left running in its group go on (a background server keeps serving the
+// session): the exec's output ends at the command's exit once its pipes
+// reach end-of-file, or after the exit grace (default 200ms) while a left
+// process still holds them. Kill on a handle whose command has exited ends
+// those left processes, and destroying the session ends every process group
+// it started (and, with caps, everything in its cgroup). A process that
+// leaves its group (setsid) without caps is out of reach: isolation none is
+// not a security boundary.
+//
+// A command that cannot be found exits 127, one that cannot be executed 126,
+// with the reason on stderr; a command killed by a signal reports 128+signal.
+package host
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/kit"
+)
+
+// Name is the provider's registered name; Image is its one image.
+const (
+	Name  = "host"
+	Image = "host"
+)
+
+// Defaults for [Options].
+const (
+	DefaultMaxOutputBytes = 64 << 20
+	DefaultExitGrace      = 200 * time.Millisecond
+	DefaultStreamBuffer   = 4 << 20
+)
+
+// Options configure the host runner.
+type Options struct {
+	// StateDir holds workspaces and per-session temp directories. Required.
+	StateDir string
+	// Policy is enforced by the kit at every create.
+	Policy sandbox.Policy
+	// ExecDefaultTimeout and ReapInterval are passed to the kit.
+	ExecDefaultTimeout time.Duration
+	ReapInterval       time.Duration
+	// MaxOutputBytes bounds each of stdout and stderr held in memory by a
+	// non-interactive exec; past it the exec is killed with
+	// *sandbox.OutputLimitError. 0 means [DefaultMaxOutputBytes].
+	MaxOutputBytes int64
+	// StreamBuffer bounds the output an interactive exec queues before it
+	// stops reading (back-pressure). 0 means [DefaultStreamBuffer].
+	StreamBuffer int
+	// ExitGrace is how long an exec's output may go on after its command
+	// exited (or was killed by its timeout) while a process it left running
+	// still holds the pipes. 0 means [DefaultExitGrace].
+	ExitGrace time.Duration
+	// Logger receives lifecycle events; never env values.
+	Logger *slog.Logger
+}
+
+// New returns the host runner wrapped by the kit.
+func New(opts Options) (*kit.Sandbox, error) {
+	p, err := newProvider(opts)
+	if err != nil {
+		return nil, err
+	}
+	return kit.New(p, kit.Options{
+		Policy:             opts.Policy,
+		ExecDefaultTimeout: opts.ExecDefaultTimeout,
+		ReapInterval:       opts.ReapInterval,
+		Logger:             opts.Logger,
+	})
+}
+
+type provider struct {
+	opts     Options
+	ephDir   string // ephemeral workspaces
+	perDir   string // persistent workspaces, one per key
+	tmpDir   string // per-session TMPDIR
+	netErr   error  // why network "none" cannot be enforced, or nil
+	cgroups  *cgroupRoot
+	cgErr    error // why caps cannot be enforced, or nil
+	hostNet  *os.File
+	hostPath string // PATH for execs
+}
+
+func newProvider(opts Options) (*provider, error) {
+	if opts.StateDir == "" {
+		return nil, errors.New("host: a state directory is required")
+	}
+	if opts.MaxOutputBytes <= 0 {
+		opts.MaxOutputBytes = DefaultMaxOutputBytes
+	}
+	if opts.StreamBuffer <= 0 {
+		opts.StreamBuffer = DefaultStreamBuffer
+	}
+	if opts.ExitGrace <= 0 {
+		opts.ExitGrace = DefaultExitGrace
+	}
+	root, err := filepath.Abs(opts.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("host: state directory: %w", err)
+	}
+	root = filepath.Join(root, "host")
+	p := &provider{
+		opts:     opts,
+		ephDir:   filepath.Join(root, "sessions"),
+		perDir:   filepath.Join(root, "workspaces"),
+		tmpDir:   filepath.Join(root, "tmp"),
+		hostPath: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	}
+	for _, d := range []string{p.ephDir, p.perDir, p.tmpDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("host: state directory: %w", err)
+		}
+	}
+	if runtime.GOOS != "linux" {
+		p.netErr = errors.New("network namespaces need Linux")
+		p.cgErr = errors.New("cgroups need Linux")
+		return p, nil
+	}
+	p.hostNet, p.netErr = probeNetns()
+	p.cgroups, p.cgErr = findCgroups()
+	return p, nil
+}
+
+func (p *provider) Name() string                 { return Name }
+func (p *provider) Isolation() sandbox.Isolation { return sandbox.IsolationNone }
+func (p *provider) SharedFilesystem() bool       { return true }
+
+func (p *provider) Check(spec sandbox.SessionSpec) error {
+	no := func(field, format string, args ...any) error {
+		return &sandbox.SpecRejectedError{Field: field, Reason: sandbox.ReasonUnenforceable, Message: fmt.Sprintf(format, args...)}
+	}
+	if spec.Image != Image {
+		return no("image", "the host runner honours only image %q, not %q", Image, spec.Image)
+	}
+	switch spec.Network {
+	case sandbox.NetworkNone:
+		if p.netErr != nil {
+			return no("network", "network \"none\" needs a new network namespace, which this host refuses: %v", p.netErr)
+		}
+	case sandbox.NetworkInternal:
+		return no("network", "the host runner cannot confine a session to an internal network; use \"none\", \"egress\", or the container provider")
+	}
+	if (spec.CPU > 0 || spec.MemoryMB > 0) && p.cgErr != nil {
+		field := "cpu"
+		if spec.CPU == 0 {
+			field = "memory_mb"
+		}
+		return no(field, "caps need a writable cgroup tree: %v", p.cgErr)
+	}
+	if spec.CPU > 0 && spec.CPU*float64(cfsPeriodUS) < minQuotaUS {
+		return no("cpu", "cpu %g is below the smallest enforceable cap (%g)", spec.CPU, float64(minQuotaUS)/cfsPeriodUS)
+	}
+	return nil
+}
+
+func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Resources, err error) {
+	r := &resources{p: p, id: req.ID, spec: req.Spec, procs: make(map[*proc]struct{})}
+	defer func() {
+		if err != nil {
+			r.cleanup()
+		}
+	}()
+	if req.Spec.Durability == sandbox.Persistent {
+		r.ws = filepath.Join(p.perDir, req.Spec.WorkspaceKey)
+		if err := os.MkdirAll(r.ws, 0o700); err != nil {
+			return nil, err
+		}
+	} else {
+		r.ws = filepath.Join(p.ephDir, req.ID)
+		r.removeWS = true
+		if err := os.Mkdir(r.ws, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	if r.root, err = os.OpenRoot(r.ws); err != nil {
+		return nil, err
+	}
+	r.tmp = filepath.Join(p.tmpDir, req.ID)
+	if err := os.Mkdir(r.tmp, 0o700); err != nil {
+		return nil, err
+	}
+	if req.Spec.Network == sandbox.NetworkNone {
+		if r.netns, err = newNetns(); err != nil {
+			return nil, fmt.Errorf("network namespace: %w", err)
+		}
+	}
+	if req.Spec.CPU > 0 || req.Spec.MemoryMB > 0 {
+		if r.cg, err = p.cgroups.create("tai42-"+req.ID, req.Spec.CPU, req.Spec.MemoryMB); err != nil {
+			return nil, fmt.Errorf("cgroup: %w", err)
+		}
+	}
+	return r, nil
+}

@@ -1,0 +1,371 @@
+package host
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/kit"
+	"golang.org/x/sys/unix"
+)
+
+// endReason is what ended an exec before its command exited on its own.
+type endReason int
+
+const (
+	endNone    endReason = iota
+	endKill              // the handle's Kill, or the caller's ctx
+	endTimeout           // timeout_seconds expired
+	endDestroy           // the session was destroyed
+	endLimit             // output over the in-memory limit
+)
+
+// sink receives an exec's output from its two reader goroutines.
+type sink interface {
+	// write takes in one unit of output (it must copy b to keep it); false
+	// means the output limit is exceeded.
+	write(stream int, b []byte) bool
+	// stop makes write return at once from now on (it still keeps the unit
+	// it was given): the exec was killed.
+	stop()
+	// finish records the stream's end: exactly one of item and err.
+	finish(item sandbox.StreamItem, err error)
+}
+
+var streamNames = [2]sandbox.StreamName{sandbox.Stdout, sandbox.Stderr}
+
+// proc is one running exec: a process group, its pipes, two readers and a
+// supervisor that reaps it and decides how its output ends.
+type proc struct {
+	r       *resources
+	pid     int // also the process group id
+	process *os.Process
+	stdin   *os.File // the parent's write end; closed at finish
+	outs    [2]*os.File
+	sink    sink
+	timeout time.Duration
+	grace   time.Duration
+	timer   *time.Timer
+
+	readers   sync.WaitGroup
+	exited    atomic.Bool
+	done      chan struct{} // closed once the end is decided and handed to the sink
+	closeOnce sync.Once
+	lens      [2]atomic.Int64
+
+	mu     sync.Mutex
+	reason endReason
+	held   bool // a reader stopped at the grace deadline: a left process held the pipe
+}
+
+// started is what start returns: a running proc, or the result of a
+// command that could not be started (exit 126 or 127 with a message).
+type started struct {
+	p        *proc
+	exitCode int
+	message  string
+}
+
+// start launches req in the session. Errors are *sandbox.SandboxError (or
+// *SessionNotFoundError once the session is closed).
+func (r *resources) start(op string, req kit.ExecRequest, sk sink) (started, error) {
+	r.mu.Lock()
+	closed := r.closed
+	r.mu.Unlock()
+	if closed {
+		return started{}, r.gone()
+	}
+	fi, err := r.root.Stat(req.Cwd.Rel)
+	switch {
+	case err != nil && missing(err):
+		return started{}, sandbox.Errorf(op, "cwd %q does not exist in the workspace", req.Cwd.Orig)
+	case err != nil:
+		return started{}, sandbox.WrapError(op, fmt.Sprintf("cwd %q", req.Cwd.Orig), rootErr(err))
+	case !fi.IsDir():
+		return started{}, sandbox.Errorf(op, "cwd %q is not a directory", req.Cwd.Orig)
+	}
+	dir := filepath.Join(r.ws, req.Cwd.Rel)
+	env, pathEnv := r.environ(req.Env)
+	path, code, msg := lookPath(req.Argv[0], pathEnv, dir)
+	if code != 0 {
+		return started{exitCode: code, message: msg}, nil
+	}
+	argv := req.Argv
+	if r.cg != nil {
+		argv = cgroupTrampoline(r.cg.procsFiles(), path, argv)
+		path = "/bin/sh"
+	}
+
+	var pipes [6]*os.File // stdin r,w; stdout r,w; stderr r,w
+	closeAll := func() {
+		for _, f := range pipes {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}
+	for i := 0; i < 6; i += 2 {
+		if pipes[i], pipes[i+1], err = os.Pipe(); err != nil {
+			closeAll()
+			return started{}, sandbox.WrapError(op, "cannot create pipes", err)
+		}
+	}
+	for _, f := range []*os.File{pipes[2], pipes[4]} {
+		growPipe(f)
+	}
+	attr := &os.ProcAttr{
+		Dir:   dir,
+		Env:   env,
+		Files: []*os.File{pipes[0], pipes[3], pipes[5]},
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	}
+	var process *os.Process
+	startFn := func() (err error) { process, err = os.StartProcess(path, argv, attr); return err }
+	if r.netns != nil {
+		err = r.netns.run(r.p.hostNet, startFn)
+	} else {
+		err = startFn()
+	}
+	pipes[0].Close()
+	pipes[3].Close()
+	pipes[5].Close()
+	if err != nil {
+		pipes[1].Close()
+		pipes[2].Close()
+		pipes[4].Close()
+		if code, msg := startFailure(req.Argv[0], err); code != 0 {
+			return started{exitCode: code, message: msg}, nil
+		}
+		return started{}, sandbox.WrapError(op, "cannot start the command", err)
+	}
+	p := &proc{
+		r: r, pid: process.Pid, process: process,
+		stdin: pipes[1], outs: [2]*os.File{pipes[2], pipes[4]},
+		sink: sk, timeout: req.Timeout, grace: r.p.opts.ExitGrace,
+		done: make(chan struct{}),
+	}
+	if err := r.register(p); err != nil {
+		p.reason = endDestroy
+		p.killGroup()
+	}
+	p.timer = time.AfterFunc(req.Timeout, p.onTimeout)
+	p.readers.Add(2)
+	go p.read(0)
+	go p.read(1)
+	go p.supervise()
+	return started{p: p}, nil
+}
+
+// growPipe raises a pipe's buffer to 1 MiB where allowed: fewer wakeups
+// for a command that writes a lot. Failure keeps the default.
+func growPipe(f *os.File) {
+	if sc, err := f.SyscallConn(); err == nil {
+		_ = sc.Control(func(fd uintptr) { _, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, 1<<20) })
+	}
+}
+
+// environ is the exec's environment: a minimal clean base, then the spec's
+// env overlaid by the exec's (already merged by the kit). It also returns
+// the PATH that commands are looked up in.
+func (r *resources) environ(env map[string]sandbox.Secret) ([]string, string) {
+	base := map[string]string{
+		"PATH":   r.p.hostPath,
+		"HOME":   r.ws,
+		"TMPDIR": r.tmp,
+		"LANG":   "C.UTF-8",
+	}
+	for k, v := range env {
+		base[k] = v.Reveal()
+	}
+	out := make([]string, 0, len(base))
+	for k, v := range base {
+		out = append(out, k+"="+v)
+	}
+	return out, base["PATH"]
+}
+
+// lookPath finds file as a shell would, in the exec's PATH and relative to
+// its cwd. code is 127 (not found) or 126 (found, not executable) with a
+// message for stderr, or 0 with the path.
+func lookPath(file, pathEnv, dir string) (path string, code int, msg string) {
+	if strings.Contains(file, "/") {
+		return file, 0, ""
+	}
+	denied := ""
+	for _, d := range filepath.SplitList(pathEnv) {
+		if d == "" {
+			d = "."
+		}
+		if !filepath.IsAbs(d) {
+			d = filepath.Join(dir, d)
+		}
+		cand := filepath.Join(d, file)
+		fi, err := os.Stat(cand)
+		if err != nil || fi.IsDir() {
+			continue
+		}
+		if fi.Mode()&0o111 != 0 {
+			return cand, 0, ""
+		}
+		if denied == "" {
+			denied = cand
+		}
+	}
+	if denied != "" {
+		return "", 126, fmt.Sprintf("tai42: %s: permission denied (not executable)\n", denied)
+	}
+	return "", 127, fmt.Sprintf("tai42: %s: command not found\n", file)
+}
+
+// startFailure maps a failed execve to the shell's exit codes.
+func startFailure(name string, err error) (int, string) {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return 0, ""
+	}
+	switch errno {
+	case syscall.ENOENT, syscall.ENOTDIR:
+		return 127, fmt.Sprintf("tai42: %s: no such file or directory\n", name)
+	case syscall.EACCES, syscall.EPERM, syscall.ENOEXEC, syscall.EISDIR:
+		return 126, fmt.Sprintf("tai42: %s: cannot execute: %s\n", name, errno.Error())
+	}
+	return 0, ""
+}
+
+// cgroupTrampoline returns argv for /bin/sh that moves itself into each of
+// the session's cgroups and then becomes the command, so that the command
+// and all it forks are inside the caps from their first instruction.
+func cgroupTrampoline(procs []string, path string, argv []string) []string {
+	const script = `n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || { echo "tai42: cannot join the session cgroup" >&2; exit 126; }; shift; n=$((n-1)); done; exec "$@"`
+	out := []string{"/bin/sh", "-c", script, "tai42-cgroup", strconv.Itoa(len(procs))}
+	out = append(out, procs...)
+	out = append(out, path)
+	return append(out, argv[1:]...)
+}
+
+func (p *proc) killGroup() { _ = syscall.Kill(-p.pid, syscall.SIGKILL) }
+
+func (p *proc) closePipes() {
+	p.closeOnce.Do(func() {
+		p.outs[0].Close()
+		p.outs[1].Close()
+	})
+}
+
+// read takes in one stream until end-of-file, until its pipes are closed
+// (kill), or, once the command has exited, until the grace deadline passes
+// with a left process still holding the pipe.
+func (p *proc) read(i int) {
+	defer p.readers.Done()
+	f := p.outs[i]
+	buf := make([]byte, 128<<10)
+	for {
+		if p.exited.Load() {
+			_ = f.SetReadDeadline(time.Now().Add(p.grace))
+		}
+		n, err := f.Read(buf)
+		if n > 0 {
+			p.lens[i].Add(int64(n))
+			if !p.sink.write(i, buf[:n]) {
+				p.end(endLimit)
+				return
+			}
+		}
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				p.mu.Lock()
+				p.held = true
+				p.mu.Unlock()
+			}
+			return
+		}
+	}
+}
+
+func (p *proc) onTimeout() {
+	p.mu.Lock()
+	if p.reason != endNone || p.exited.Load() {
+		p.mu.Unlock()
+		return
+	}
+	p.reason = endTimeout
+	p.mu.Unlock()
+	// The readers drain what the killed group wrote, so the lengths count
+	// every byte; the grace bounds a process outside the group holding on.
+	p.killGroup()
+}
+
+// end kills the exec's process group (and, after the command's exit, what
+// it left running) and stops reading at once. The first reason to arrive
+// before the command exited decides how the stream ends.
+func (p *proc) end(reason endReason) {
+	p.mu.Lock()
+	if p.reason == endNone && !p.exited.Load() {
+		p.reason = reason
+	}
+	p.mu.Unlock()
+	p.killGroup()
+	p.sink.stop()
+	p.closePipes()
+}
+
+// supervise reaps the command, lets the readers finish, and hands the
+// stream's end to the sink.
+func (p *proc) supervise() {
+	state, werr := p.process.Wait()
+	p.timer.Stop()
+	p.exited.Store(true)
+	deadline := time.Now().Add(p.grace)
+	for _, f := range p.outs {
+		_ = f.SetReadDeadline(deadline) // wakes a reader blocked on a held pipe
+	}
+	p.readers.Wait()
+	p.closePipes()
+	p.stdin.Close()
+	p.r.unregister(p)
+
+	p.mu.Lock()
+	reason, held := p.reason, p.held
+	p.mu.Unlock()
+	switch reason {
+	case endTimeout:
+		te := &sandbox.ExecTimeoutError{Timeout: p.timeout, StdoutLen: p.lens[0].Load(), StderrLen: p.lens[1].Load()}
+		if held {
+			te.Note = "a process the command started still held the output after the kill; the lengths count the output received up to the stop"
+		}
+		p.sink.finish(nil, te)
+	case endDestroy:
+		p.sink.finish(nil, &sandbox.SessionNotFoundError{SessionID: p.r.id, Detail: "the session was destroyed while the exec was running"})
+	case endLimit:
+		p.sink.finish(nil, &sandbox.OutputLimitError{Limit: p.r.p.opts.MaxOutputBytes, StdoutLen: p.lens[0].Load(), StderrLen: p.lens[1].Load()})
+	default:
+		if werr != nil {
+			p.sink.finish(nil, sandbox.WrapError("exec", "cannot read the exec's exit status", werr))
+		} else {
+			p.sink.finish(&sandbox.StreamExit{ExitCode: exitCode(state)}, nil)
+		}
+	}
+	close(p.done)
+}
+
+// exitCode is the exit status, or 128+signal for a command killed by one.
+func exitCode(ps *os.ProcessState) int {
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+
+var (
+	errDeadline = os.ErrDeadlineExceeded
+	errClosed   = os.ErrClosed
+)

@@ -1,0 +1,261 @@
+package host
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/kit"
+)
+
+// resources is one host session: its workspace, temp directory, optional
+// network namespace and cgroup, and the execs it started.
+type resources struct {
+	p        *provider
+	id       string
+	spec     sandbox.SessionSpec
+	ws       string
+	removeWS bool
+	root     *os.Root
+	tmp      string
+	netns    *netns
+	cg       *cgroup
+
+	mu     sync.Mutex
+	closed bool
+	procs  map[*proc]struct{} // running execs
+	groups map[int]struct{}   // process groups that may still have members
+}
+
+var _ kit.Resources = (*resources)(nil)
+
+var tmpSeq atomic.Uint64
+
+func (r *resources) WorkspacePath() string { return r.ws }
+
+func (r *resources) gone() error {
+	return &sandbox.SessionNotFoundError{SessionID: r.id, Detail: "it was destroyed"}
+}
+
+// Destroy ends every exec and every process group the session started,
+// then removes its cgroup, network namespace, temp directory and (when
+// ephemeral) its workspace.
+func (r *resources) Destroy(context.Context) error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	procs := make([]*proc, 0, len(r.procs))
+	for p := range r.procs {
+		procs = append(procs, p)
+	}
+	groups := r.groups
+	r.groups = nil
+	r.mu.Unlock()
+
+	for _, p := range procs {
+		p.end(endDestroy)
+	}
+	for pg := range groups {
+		_ = syscall.Kill(-pg, syscall.SIGKILL)
+	}
+	var errs []error
+	for _, p := range procs {
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			errs = append(errs, fmt.Errorf("exec %d did not end within 10s of SIGKILL", p.pid))
+		}
+	}
+	return errors.Join(append(errs, r.cleanup())...)
+}
+
+func (r *resources) cleanup() error {
+	var errs []error
+	if r.cg != nil {
+		errs = append(errs, r.cg.destroy())
+	}
+	r.netns.close()
+	if r.root != nil {
+		r.root.Close()
+	}
+	if r.tmp != "" {
+		errs = append(errs, removeAll(r.tmp))
+	}
+	if r.removeWS && r.ws != "" {
+		errs = append(errs, removeAll(r.ws))
+	}
+	return errors.Join(errs...)
+}
+
+// removeAll removes dir even when the session left directories without
+// write or search permission.
+func removeAll(dir string) error {
+	if err := os.RemoveAll(dir); err == nil {
+		return nil
+	}
+	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			_ = os.Chmod(path, 0o700)
+		}
+		return nil
+	})
+	return os.RemoveAll(dir)
+}
+
+// register records a started exec; it fails once the session is closed.
+func (r *resources) register(p *proc) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return r.gone()
+	}
+	r.procs[p] = struct{}{}
+	if r.groups == nil {
+		r.groups = make(map[int]struct{})
+	}
+	r.groups[p.pid] = struct{}{}
+	return nil
+}
+
+// unregister drops a finished exec, and its process group when nothing is
+// left running in it.
+func (r *resources) unregister(p *proc) {
+	left := syscall.Kill(-p.pid, 0) == nil
+	r.mu.Lock()
+	delete(r.procs, p)
+	if !left {
+		delete(r.groups, p.pid)
+	}
+	r.mu.Unlock()
+}
+
+// PutFile writes data to a temp file beside the target and renames it into
+// place, so a reader sees the old content or the new, never a mix. Missing
+// parents are created. Every step goes through os.Root, so a symlink that
+// leads out of the workspace is refused.
+func (r *resources) PutFile(_ context.Context, p kit.Path, data []byte) (err error) {
+	fail := func(what string, err error) error {
+		return sandbox.WrapError("put_file", fmt.Sprintf("%q: %s", p.Orig, what), rootErr(err))
+	}
+	if p.Rel == "." {
+		return sandbox.Errorf("put_file", "%q is the workspace itself; name a file", p.Orig)
+	}
+	dir := filepath.Dir(p.Rel)
+	if err := r.root.MkdirAll(dir, 0o755); err != nil {
+		return fail("cannot create its parent directory", err)
+	}
+	mode := fs.FileMode(0o644)
+	if fi, err := r.root.Lstat(p.Rel); err == nil {
+		if fi.IsDir() {
+			return sandbox.Errorf("put_file", "%q is a directory", p.Orig)
+		}
+		if fi.Mode().IsRegular() {
+			mode = fi.Mode().Perm()
+		}
+	}
+	tmp := filepath.Join(dir, fmt.Sprintf(".tai42-put-%d-%d", os.Getpid(), tmpSeq.Add(1)))
+	f, err := r.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return fail("cannot create a temporary file", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = r.root.Remove(tmp)
+		}
+	}()
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fail("write failed", err)
+	}
+	if err := f.Chmod(mode); err != nil { // the umask may have narrowed it
+		f.Close()
+		return fail("chmod failed", err)
+	}
+	if err := f.Close(); err != nil {
+		return fail("write failed", err)
+	}
+	if err := r.root.Rename(tmp, p.Rel); err != nil {
+		return fail("cannot move the new file into place", err)
+	}
+	return nil
+}
+
+// GetFile reads a regular file. Only a path where nothing exists is a
+// *sandbox.FileNotFoundError; a directory, a FIFO, a socket, a dangling or
+// looping symlink, an escape or an I/O error is a plain *sandbox.SandboxError.
+func (r *resources) GetFile(_ context.Context, p kit.Path) ([]byte, error) {
+	f, err := r.root.OpenFile(p.Rel, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if err != nil {
+		if missing(err) {
+			if _, lerr := r.root.Lstat(p.Rel); missing(lerr) {
+				return nil, &sandbox.FileNotFoundError{Path: p.Orig}
+			}
+			return nil, sandbox.Errorf("get_file", "%q is a symlink whose target does not exist in the workspace", p.Orig)
+		}
+		return nil, sandbox.WrapError("get_file", fmt.Sprintf("cannot open %q", p.Orig), rootErr(err))
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, sandbox.WrapError("get_file", fmt.Sprintf("cannot stat %q", p.Orig), err)
+	}
+	switch {
+	case fi.IsDir():
+		return nil, sandbox.Errorf("get_file", "%q is a directory, not a file", p.Orig)
+	case !fi.Mode().IsRegular():
+		return nil, sandbox.Errorf("get_file", "%q is not a regular file (%s)", p.Orig, fileKind(fi.Mode()))
+	}
+	buf := make([]byte, 0, fi.Size()+1)
+	for {
+		n, err := f.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return buf, nil
+			}
+			return nil, sandbox.WrapError("get_file", fmt.Sprintf("reading %q failed", p.Orig), err)
+		}
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+	}
+}
+
+func missing(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
+}
+
+// rootErr rewrites os.Root's escape error so that it says what happened.
+func rootErr(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) && pe.Err != nil && pe.Err.Error() == "path escapes from parent" {
+		return errors.New("it leads out of the workspace (through a symlink or ..)")
+	}
+	return err
+}
+
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	case m&fs.ModeSymlink != 0:
+		return "a symlink"
+	}
+	return m.Type().String()
+}

@@ -1,0 +1,120 @@
+package sandbox
+
+import (
+	"context"
+	"time"
+)
+
+// Sandbox is a provider: it creates and destroys disposable sessions and
+// reaps expired ones. The app core depends only on this interface.
+//
+// All methods are safe for concurrent use. ctx bounds each call, never a
+// session's life.
+type Sandbox interface {
+	// CreateSession creates a session from spec, or rejects it with a
+	// *SpecRejectedError that names the field and the rule.
+	CreateSession(ctx context.Context, spec SessionSpec) (Session, error)
+	// GetSession fetches a live session; *SessionNotFoundError if there is
+	// none with that id (never created, destroyed, or expired).
+	GetSession(ctx context.Context, id string) (Session, error)
+	// ListSessions returns the observable state of every live session.
+	ListSessions(ctx context.Context) ([]SessionInfo, error)
+	// DestroySession tears a session down. It is idempotent: an unknown or
+	// already-gone id returns nil.
+	DestroySession(ctx context.Context, id string) error
+	// Reap destroys every session past its expires_at and returns exactly
+	// the destroyed ids.
+	Reap(ctx context.Context) ([]string, error)
+	// ExecDefaultTimeout is the configured default for one short exec; exec
+	// itself still requires an explicit timeout.
+	ExecDefaultTimeout() time.Duration
+	// ReapInterval is the configured reap sweep cadence.
+	ReapInterval() time.Duration
+}
+
+// ExecOptions are the options of [Session.Exec].
+type ExecOptions struct {
+	// Cwd is workspace-relative by default; "" is the workspace itself.
+	Cwd string
+	// Env overlays the session's spec.Env; per-exec keys win on collision.
+	Env map[string]Secret
+	// Stdin is the exec's whole standard input; nil gives it an empty one.
+	Stdin []byte
+	// Timeout is required and must be > 0; on expiry the exec is killed and
+	// Exec returns an *ExecTimeoutError.
+	Timeout time.Duration
+}
+
+// StartOptions are the options of [Session.ExecStart]: those of
+// [ExecOptions] but Stdin, which the handle's WriteStdin delivers.
+type StartOptions struct {
+	Cwd     string
+	Env     map[string]Secret
+	Timeout time.Duration
+}
+
+// Session is one live sandbox session, the unit a consumer runs code in.
+//
+// Every method but ID and WorkspacePath returns *SessionNotFoundError once
+// the session is destroyed or expired. All methods are safe for concurrent
+// use.
+type Session interface {
+	// ID is the provider-assigned id.
+	ID() string
+	// WorkspacePath is the provider's absolute root path of this session's
+	// workspace, the anchor of workspace-relative cwd and paths.
+	WorkspacePath() string
+	// Info returns this session's observable state.
+	Info(ctx context.Context) (SessionInfo, error)
+	// Exec runs argv to completion. A non-zero exit is a result. On timeout
+	// the exec is killed and *ExecTimeoutError returned; output larger than
+	// the provider holds in memory kills the exec with *OutputLimitError.
+	Exec(ctx context.Context, argv []string, opts ExecOptions) (ExecResult, error)
+	// ExecStart starts argv as an interactive exec. On timeout the exec is
+	// killed and the handle's Next returns *ExecTimeoutError.
+	ExecStart(ctx context.Context, argv []string, opts StartOptions) (ExecHandle, error)
+	// PutFile writes data to path (workspace-relative by default), creating
+	// missing parents and replacing an existing file atomically.
+	PutFile(ctx context.Context, path string, data []byte) error
+	// GetFile reads path. *FileNotFoundError only when nothing exists there;
+	// every other failure (a directory, an unreadable or non-regular file, a
+	// path that escapes the workspace) is a plain *SandboxError.
+	GetFile(ctx context.Context, path string) ([]byte, error)
+	// Touch extends expires_at to at least now + ttl; it never shortens it.
+	Touch(ctx context.Context) error
+	// Destroy tears this session down; it ends every exec still running.
+	Destroy(ctx context.Context) error
+}
+
+// ExecHandle is a live interactive exec started by [Session.ExecStart].
+//
+// Concurrency: WriteStdin and CloseStdin are safe to call concurrently with
+// Next. One WriteStdin call delivers its bytes intact and in order; the
+// provider does no framing. Next is for one reader at a time.
+//
+// Lifetime: Kill may be called at any time, more than once, from any
+// goroutine. Once the exec has exited it is idempotent and never fails, and
+// the exit status Next reports stays the exec's own; WriteStdin then fails
+// with a *SandboxError. A handle may keep provider resources until Kill has
+// returned or its session is destroyed: a consumer done with a handle calls
+// Kill.
+type ExecHandle interface {
+	// WriteStdin delivers data to the exec's stdin, intact and in order.
+	WriteStdin(ctx context.Context, data []byte) error
+	// CloseStdin signals end-of-input.
+	CloseStdin(ctx context.Context) error
+	// Next returns the next item of the interleaved stdout/stderr stream: a
+	// *StreamChunk, or last exactly one *StreamExit, after which it returns
+	// io.EOF. On timeout it returns *ExecTimeoutError instead of the exit
+	// item; a failure of the exec itself (such as stdin input accepted that
+	// the exec never got) ends it with a *SandboxError. Once the stream has
+	// ended with an error, Next returns that error again. A done ctx returns
+	// ctx.Err() and leaves the stream where it was.
+	Next(ctx context.Context) (StreamItem, error)
+	// Kill terminates the exec. Once it returns, Next ends promptly and
+	// reports no timeout, even past the deadline: the output the provider
+	// received before the kill, read or not, is still yielded in order, then
+	// exactly one *StreamExit with the exec's exit status (or a
+	// *SandboxError when the status cannot be read; it is never invented).
+	Kill(ctx context.Context) error
+}
