@@ -12,28 +12,31 @@ const Mask = "[REDACTED]"
 // Secret holds a value that must never be shown: an environment value.
 //
 // Its String, GoString, Format (every fmt verb), LogValue (log/slog) and
-// MarshalJSON all show [Mask]; only [Secret.Reveal] reads the value. The
-// value sits behind a pointer so that even reflection-based printing of a
-// struct holding a Secret in an unexported field prints an address, never the
-// text. UnmarshalJSON reads a plain JSON string into a Secret, so a Secret
+// MarshalJSON all show [Mask]; only [Secret.Reveal] reads the value, and
+// reflection-based printing of a struct holding a Secret in an unexported
+// field prints an address, never the text. UnmarshalJSON reads a plain JSON string into a Secret, so a Secret
 // can be received; it is sent only by code that calls Reveal on purpose.
 //
-// The zero Secret is the empty string. Secrets compare by identity with ==;
-// use [Secret.Equal] to compare values.
-type Secret struct{ p *secretValue }
-
-type secretValue struct{ s string }
+// The zero Secret is the empty string. Secrets are not comparable with ==;
+// use [Secret.Equal].
+type Secret struct {
+	// A closure, not a string or a pointer: fmt prints a func as an
+	// address under every verb and at every depth, so not even the
+	// bad-verb path (%s of a struct holding a Secret in an unexported
+	// field) can reach the text.
+	get func() string
+}
 
 // NewSecret wraps s.
-func NewSecret(s string) Secret { return Secret{&secretValue{s}} }
+func NewSecret(s string) Secret { return Secret{func() string { return s }} }
 
 // Reveal returns the secret's value. Call it only to hand the value to the
 // process that needs it.
 func (s Secret) Reveal() string {
-	if s.p == nil {
+	if s.get == nil {
 		return ""
 	}
-	return s.p.s
+	return s.get()
 }
 
 // Equal reports whether s and o hold the same value.

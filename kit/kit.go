@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"slices"
@@ -54,6 +55,8 @@ type Sandbox struct {
 	sessions map[string]*session
 	keys     map[string]*session // persistent workspace_key -> holder (live, or expired and not yet torn down)
 	closed   bool
+
+	closeOnce sync.Once
 
 	stopReaper context.CancelFunc
 	reaperDone chan struct{}
@@ -132,8 +135,9 @@ func (s *Sandbox) reaper(ctx context.Context) {
 	}
 }
 
-// Close stops the background reaper and destroys every session (persistent
-// workspaces are kept). Later creates fail. It is safe to call twice.
+// Close stops the background reaper, destroys every session (persistent
+// workspaces are kept) and then closes the provider if it is an io.Closer.
+// Later creates fail. It is safe to call twice.
 func (s *Sandbox) Close(ctx context.Context) error {
 	s.mu.Lock()
 	s.closed = true
@@ -149,6 +153,11 @@ func (s *Sandbox) Close(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	s.closeOnce.Do(func() {
+		if c, ok := s.prov.(io.Closer); ok {
+			errs = append(errs, c.Close())
+		}
+	})
 	return errors.Join(errs...)
 }
 

@@ -10,7 +10,9 @@ import (
 // Provider is the runtime I/O a provider implements. The kit calls it only
 // with validated, policy-checked input: a provider never sees a request the
 // kit has not seen first, so it cannot bypass the policy chokepoint, the
-// ledger or the path rules.
+// ledger or the path rules. A provider that holds resources of its own
+// implements io.Closer; the kit closes it last, after every session is
+// destroyed.
 type Provider interface {
 	// Name is the provider's registered name ("host", "container", ...).
 	Name() string

@@ -8,9 +8,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
+
+var probeSeq atomic.Uint64
 
 const (
 	cfsPeriodUS = 100000
@@ -116,7 +119,7 @@ func cgroupMounts() (map[string]string, error) {
 }
 
 func (r *cgroupRoot) probe() error {
-	name := fmt.Sprintf("tai42-probe-%d", os.Getpid())
+	name := fmt.Sprintf("tai42-probe-%d-%d", os.Getpid(), probeSeq.Add(1))
 	cg, err := r.create(name, 0, 0)
 	if err != nil {
 		return err

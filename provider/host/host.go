@@ -146,6 +146,14 @@ func newProvider(opts Options) (*provider, error) {
 	return p, nil
 }
 
+// Close releases the provider's own handle on the host's network namespace.
+func (p *provider) Close() error {
+	if p.hostNet != nil {
+		return p.hostNet.Close()
+	}
+	return nil
+}
+
 func (p *provider) Name() string                 { return Name }
 func (p *provider) Isolation() sandbox.Isolation { return sandbox.IsolationNone }
 func (p *provider) SharedFilesystem() bool       { return true }

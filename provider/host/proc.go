@@ -364,7 +364,6 @@ func exitCode(ps *os.ProcessState) int {
 	return ps.ExitCode()
 }
 
-
 var (
 	errDeadline = os.ErrDeadlineExceeded
 	errClosed   = os.ErrClosed
