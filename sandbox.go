@@ -55,9 +55,9 @@ type StartOptions struct {
 
 // Session is one live sandbox session, the unit a consumer runs code in.
 //
-// Every method but ID and WorkspacePath returns *SessionNotFoundError once
-// the session is destroyed or expired. All methods are safe for concurrent
-// use.
+// Every method but ID, WorkspacePath and Destroy returns
+// *SessionNotFoundError once the session is destroyed or expired. All
+// methods are safe for concurrent use.
 type Session interface {
 	// ID is the provider-assigned id.
 	ID() string
@@ -83,6 +83,8 @@ type Session interface {
 	// Touch extends expires_at to at least now + ttl; it never shortens it.
 	Touch(ctx context.Context) error
 	// Destroy tears this session down; it ends every exec still running.
+	// Like Sandbox.DestroySession it is idempotent: nil on a session that is
+	// already gone (an expired one is torn down now).
 	Destroy(ctx context.Context) error
 }
 

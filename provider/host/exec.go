@@ -31,7 +31,7 @@ func (s *bufSink) write(i int, b []byte) bool {
 
 func (s *bufSink) stop() {}
 
-func (s *bufSink) finish(item sandbox.StreamItem, err error) {
+func (s *bufSink) finish(item sandbox.StreamItem, err error, _ *sandbox.StreamExit) {
 	s.mu.Lock()
 	s.item, s.err = item, err
 	s.mu.Unlock()

@@ -25,7 +25,9 @@ type stream struct {
 	finished bool
 	term     sandbox.StreamItem
 	termErr  error
+	exit     *sandbox.StreamExit // the real exit status, when read
 	termSent bool
+	killed   bool // Kill returned: no timeout is raised from here on
 	notify   chan struct{} // wakes Next; capacity 1
 }
 
@@ -62,11 +64,27 @@ func (s *stream) stop() {
 	s.mu.Unlock()
 }
 
-func (s *stream) finish(item sandbox.StreamItem, err error) {
+func (s *stream) finish(item sandbox.StreamItem, err error, exit *sandbox.StreamExit) {
 	s.mu.Lock()
-	s.finished, s.term, s.termErr = true, item, err
+	s.finished, s.term, s.termErr, s.exit = true, item, err, exit
+	s.clearTimeout()
 	s.mu.Unlock()
 	s.wake()
+}
+
+// noTimeout records that Kill returned: a timeout not yet delivered gives
+// way to the exec's exit status, as the contract requires of a kill.
+func (s *stream) noTimeout() {
+	s.mu.Lock()
+	s.killed = true
+	s.clearTimeout()
+	s.mu.Unlock()
+}
+
+func (s *stream) clearTimeout() {
+	if s.killed && s.finished && !s.termSent && s.exit != nil && errors.Is(s.termErr, sandbox.ErrExecTimeout) {
+		s.term, s.termErr = s.exit, nil
+	}
 }
 
 func (s *stream) next(ctx context.Context) (sandbox.StreamItem, error) {
@@ -85,6 +103,7 @@ func (s *stream) next(ctx context.Context) (sandbox.StreamItem, error) {
 			defer s.mu.Unlock()
 			switch {
 			case s.termErr != nil:
+				s.termSent = true
 				return nil, s.termErr
 			case !s.termSent:
 				s.termSent = true
@@ -120,8 +139,9 @@ func (r *resources) ExecStart(_ context.Context, req kit.ExecRequest) (sandbox.E
 	}
 	h := &handle{p: s.p, st: st, stdinMu: make(chan struct{}, 1)}
 	if s.p == nil {
+		exit := &sandbox.StreamExit{ExitCode: s.exitCode}
 		st.write(1, []byte(s.message))
-		st.finish(&sandbox.StreamExit{ExitCode: s.exitCode}, nil)
+		st.finish(exit, nil, exit)
 	}
 	return h, nil
 }
@@ -205,6 +225,13 @@ func (h *handle) Kill(ctx context.Context) error {
 	h.p.end(endKill)
 	select {
 	case <-h.p.done:
+		h.st.noTimeout()
+		return nil
+	default:
+	}
+	select {
+	case <-h.p.done:
+		h.st.noTimeout()
 		return nil
 	case <-ctx.Done():
 		return sandbox.WrapError("kill", "the exec's process group was sent SIGKILL but has not been reaped yet", ctx.Err())

@@ -36,8 +36,10 @@ type sink interface {
 	// stop makes write return at once from now on (it still keeps the unit
 	// it was given): the exec was killed.
 	stop()
-	// finish records the stream's end: exactly one of item and err.
-	finish(item sandbox.StreamItem, err error)
+	// finish records the stream's end: exactly one of item and err. exit is
+	// the command's real exit status when it could be read (also when err
+	// is set), else nil.
+	finish(item sandbox.StreamItem, err error, exit *sandbox.StreamExit)
 }
 
 var streamNames = [2]sandbox.StreamName{sandbox.Stdout, sandbox.Stderr}
@@ -77,12 +79,10 @@ type started struct {
 // start launches req in the session. Errors are *sandbox.SandboxError (or
 // *SessionNotFoundError once the session is closed).
 func (r *resources) start(op string, req kit.ExecRequest, sk sink) (started, error) {
-	r.mu.Lock()
-	closed := r.closed
-	r.mu.Unlock()
-	if closed {
-		return started{}, r.gone()
+	if err := r.beginStart(); err != nil {
+		return started{}, err
 	}
+	defer r.starting.Done()
 	fi, err := r.root.Stat(req.Cwd.Rel)
 	switch {
 	case err != nil && missing(err):
@@ -152,10 +152,7 @@ func (r *resources) start(op string, req kit.ExecRequest, sk sink) (started, err
 		sink: sk, timeout: req.Timeout, grace: r.p.opts.ExitGrace,
 		done: make(chan struct{}),
 	}
-	if err := r.register(p); err != nil {
-		p.reason = endDestroy
-		p.killGroup()
-	}
+	r.register(p)
 	p.timer = time.AfterFunc(req.Timeout, p.onTimeout)
 	p.readers.Add(2)
 	go p.read(0)
@@ -304,11 +301,14 @@ func (p *proc) onTimeout() {
 }
 
 // end kills the exec's process group (and, after the command's exit, what
-// it left running) and stops reading at once. The first reason to arrive
-// before the command exited decides how the stream ends.
+// it left running) and stops reading at once. The first reason decides how
+// the stream ends, except that a kill after the command's exit keeps its
+// own exit status (the output not yet taken in may end with it). A destroy
+// or an output limit cuts the output short even after the exit, so they
+// always say so rather than hand back a truncated result.
 func (p *proc) end(reason endReason) {
 	p.mu.Lock()
-	if p.reason == endNone && !p.exited.Load() {
+	if p.reason == endNone && (reason != endKill || !p.exited.Load()) {
 		p.reason = reason
 	}
 	p.mu.Unlock()
@@ -335,22 +335,26 @@ func (p *proc) supervise() {
 	p.mu.Lock()
 	reason, held := p.reason, p.held
 	p.mu.Unlock()
+	var exit *sandbox.StreamExit
+	if werr == nil {
+		exit = &sandbox.StreamExit{ExitCode: exitCode(state)}
+	}
 	switch reason {
 	case endTimeout:
 		te := &sandbox.ExecTimeoutError{Timeout: p.timeout, StdoutLen: p.lens[0].Load(), StderrLen: p.lens[1].Load()}
 		if held {
 			te.Note = "a process the command started still held the output after the kill; the lengths count the output received up to the stop"
 		}
-		p.sink.finish(nil, te)
+		p.sink.finish(nil, te, exit)
 	case endDestroy:
-		p.sink.finish(nil, &sandbox.SessionNotFoundError{SessionID: p.r.id, Detail: "the session was destroyed while the exec was running"})
+		p.sink.finish(nil, &sandbox.SessionNotFoundError{SessionID: p.r.id, Detail: "the session was destroyed while the exec was running"}, exit)
 	case endLimit:
-		p.sink.finish(nil, &sandbox.OutputLimitError{Limit: p.r.p.opts.MaxOutputBytes, StdoutLen: p.lens[0].Load(), StderrLen: p.lens[1].Load()})
+		p.sink.finish(nil, &sandbox.OutputLimitError{Limit: p.r.p.opts.MaxOutputBytes, StdoutLen: p.lens[0].Load(), StderrLen: p.lens[1].Load()}, exit)
 	default:
 		if werr != nil {
-			p.sink.finish(nil, sandbox.WrapError("exec", "cannot read the exec's exit status", werr))
+			p.sink.finish(nil, sandbox.WrapError("exec", "cannot read the exec's exit status", werr), nil)
 		} else {
-			p.sink.finish(&sandbox.StreamExit{ExitCode: exitCode(state)}, nil)
+			p.sink.finish(exit, nil, exit)
 		}
 	}
 	close(p.done)

@@ -30,6 +30,8 @@ type resources struct {
 	netns    *netns
 	cg       *cgroup
 
+	starting sync.WaitGroup // execs between the closed check and register
+
 	mu     sync.Mutex
 	closed bool
 	procs  map[*proc]struct{} // running execs
@@ -56,6 +58,11 @@ func (r *resources) Destroy(context.Context) error {
 		return nil
 	}
 	r.closed = true
+	r.mu.Unlock()
+	// An exec that passed the closed check finishes starting and registers
+	// before anything it uses (the netns, the root) is released.
+	r.starting.Wait()
+	r.mu.Lock()
 	procs := make([]*proc, 0, len(r.procs))
 	for p := range r.procs {
 		procs = append(procs, p)
@@ -114,19 +121,28 @@ func removeAll(dir string) error {
 	return os.RemoveAll(dir)
 }
 
-// register records a started exec; it fails once the session is closed.
-func (r *resources) register(p *proc) error {
+// beginStart admits an exec start unless the session is closed; the caller
+// calls r.starting.Done once the exec is registered or has failed.
+func (r *resources) beginStart() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
 		return r.gone()
 	}
+	r.starting.Add(1)
+	return nil
+}
+
+// register records a started exec. Destroy waits for admitted starts, so
+// every started exec is registered before Destroy ends them.
+func (r *resources) register(p *proc) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.procs[p] = struct{}{}
 	if r.groups == nil {
 		r.groups = make(map[int]struct{})
 	}
 	r.groups[p.pid] = struct{}{}
-	return nil
 }
 
 // unregister drops a finished exec, and its process group when nothing is

@@ -1,0 +1,137 @@
+package sandboxtest
+
+import (
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tai42/sandbox"
+)
+
+// Config is what the suite asks of the factory for one fresh sandbox.
+type Config struct {
+	// Policy is the policy the sandbox enforces.
+	Policy sandbox.Policy
+	// ReapInterval is the background reaper's cadence; 0 means the
+	// provider's default. The suite asks for a long one (1h) where Reap
+	// results must be exact, and a short one (100ms) to test the reaper.
+	ReapInterval time.Duration
+}
+
+// Factory returns a fresh sandbox for cfg. It registers its own cleanup with
+// t.Cleanup (closing the sandbox, removing its state) and fails t if it
+// cannot build one.
+type Factory func(t *testing.T, cfg Config) sandbox.Sandbox
+
+// Options state what the provider under test documents that it honours.
+type Options struct {
+	// Image is an image the provider honours, e.g. "host".
+	Image string
+	// Isolation is the provider's own level, e.g. "none".
+	Isolation sandbox.Isolation
+	// Networks are the tiers it honours; every other tier must be rejected
+	// with a *SpecRejectedError of Reason ReasonUnenforceable.
+	Networks []sandbox.Network
+	// Durable: the provider has durable storage, so persistent sessions
+	// work; otherwise a persistent spec must be rejected as unenforceable.
+	Durable bool
+	// Caps: cpu and memory_mb caps are enforced; otherwise a spec with
+	// either must be rejected as unenforceable.
+	Caps bool
+	// AbsoluteOutsideWorkspaceRefused is true for providers whose sessions
+	// share the host's filesystem (isolation none): an absolute path outside
+	// workspace_path is refused with a plain *SandboxError. The suite then
+	// also checks the host side (nothing written, workspaces removed).
+	AbsoluteOutsideWorkspaceRefused bool
+	// KillStopsLeftovers is the documented behaviour that Kill on a handle
+	// whose command already exited also ends the processes it left running.
+	KillStopsLeftovers bool
+}
+
+// permissive is the policy of every clause but the policy-rule ones.
+var permissive = sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationNone, Durable: true}
+
+type suite struct {
+	factory Factory
+	opts    Options
+}
+
+// clause is one subtest: one clause of the contract.
+type clause struct {
+	name string
+	run  func(t *testing.T)
+}
+
+// Run runs the conformance suite against the sandboxes newSandbox makes: one
+// named subtest per clause of the contract, each on a fresh sandbox, in
+// parallel, each bounded by a deadline.
+func Run(t *testing.T, newSandbox Factory, opts Options) {
+	t.Helper()
+	switch {
+	case newSandbox == nil:
+		t.Fatal("sandboxtest.Run: the Factory is nil")
+	case opts.Image == "":
+		t.Fatal("sandboxtest.Run: Options.Image must name an image the provider honours")
+	case !opts.Isolation.Valid():
+		t.Fatalf("sandboxtest.Run: Options.Isolation %q is not one of none, container, vm", opts.Isolation)
+	case len(opts.Networks) == 0:
+		t.Fatal("sandboxtest.Run: Options.Networks must list the tiers the provider honours")
+	}
+	for _, n := range opts.Networks {
+		if !n.Valid() {
+			t.Fatalf("sandboxtest.Run: Options.Networks holds %q, not one of none, internal, egress", n)
+		}
+	}
+	markHostEnv(t)
+
+	s := &suite{factory: newSandbox, opts: opts}
+	groups := []struct {
+		name    string
+		clauses []clause
+	}{
+		{"Sandbox", s.sandboxClauses()},
+		{"Spec", s.specClauses()},
+		{"Session", s.sessionClauses()},
+		{"Durability", s.durabilityClauses()},
+		{"Exec", s.execClauses()},
+		{"ExecStart", s.streamClauses()},
+		{"Files", s.fileClauses()},
+	}
+	for _, g := range groups {
+		t.Run(g.name, func(t *testing.T) {
+			t.Parallel()
+			for _, c := range g.clauses {
+				t.Run(c.name, func(t *testing.T) {
+					t.Parallel()
+					c.run(t)
+				})
+			}
+		})
+	}
+}
+
+// markerVar is set in the test process while suites run; no exec may see it.
+const markerVar = "TAI42_SUITE_MARKER"
+
+var marker struct {
+	sync.Mutex
+	users int
+}
+
+// markHostEnv sets markerVar until the last running suite is done.
+func markHostEnv(t *testing.T) {
+	marker.Lock()
+	defer marker.Unlock()
+	if marker.users == 0 {
+		os.Setenv(markerVar, "host-environment-leaked")
+	}
+	marker.users++
+	t.Cleanup(func() {
+		marker.Lock()
+		defer marker.Unlock()
+		if marker.users--; marker.users == 0 {
+			os.Unsetenv(markerVar)
+		}
+	})
+}
