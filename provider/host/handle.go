@@ -27,7 +27,7 @@ type stream struct {
 	termErr  error
 	exit     *sandbox.StreamExit // the real exit status, when read
 	termSent bool
-	killed   bool // Kill returned: no timeout is raised from here on
+	killed   bool          // Kill returned: no timeout is raised from here on
 	notify   chan struct{} // wakes Next; capacity 1
 }
 
