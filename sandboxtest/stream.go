@@ -28,6 +28,7 @@ func (s *suite) streamClauses() []clause {
 		{"Timeout", s.testStreamTimeout},
 		{"KillBeforeRead", s.testKillBeforeRead},
 		{"KillDuringRun", s.testKillDuringRun},
+		{"KillPastDeadline", s.testKillPastDeadline},
 		{"KillAfterExit", s.testKillAfterExit},
 		{"KillTwice", s.testKillTwice},
 		{"KillConcurrent", s.testKillConcurrent},
@@ -266,6 +267,29 @@ func (s *suite) testKillDuringRun(t *testing.T) {
 	}
 	if !strings.HasPrefix(want.String(), string(r.stdout)) {
 		t.Errorf("the killed exec's %d bytes of stdout are not a prefix of what it wrote; the output received before a kill is yielded in order", len(r.stdout))
+	}
+}
+
+// Kill called after the deadline passed, before the stream's end was read:
+// once Kill has returned the stream raises no timeout, even past the
+// deadline; the output received before is still yielded, then the exit.
+func (s *suite) testKillPastDeadline(t *testing.T) {
+	ctx := testContext(t)
+	_, sess := s.fresh(t, nil)
+	r := start(t, ctx, sess, sandbox.StartOptions{Timeout: 300 * time.Millisecond}, shArgv("printf early; sleep 30")...)
+	sleepCtx(ctx, time.Second) // past the deadline; nothing read yet
+	if err := r.h.Kill(ctx); err != nil {
+		t.Fatalf("Kill past the deadline: %v", err)
+	}
+	r.drain(ctx, killPrompt)
+	if errors.Is(r.err, sandbox.ErrExecTimeout) {
+		t.Errorf("the stream ended with %q; once Kill has returned, the stream raises no timeout, even past the deadline", r.err)
+	}
+	if string(r.stdout) != "early" {
+		t.Errorf("stdout %q; want \"early\", received before the kill", r.stdout)
+	}
+	if r.exit == nil {
+		t.Errorf("the stream ended without a StreamExit (error %v); a killed exec's stream ends with one", r.err)
 	}
 }
 
