@@ -42,7 +42,7 @@ func (s *bufSink) finish(item sandbox.StreamItem, err error, _ *sandbox.StreamEx
 // cannot deadlock against us.
 func (r *resources) Exec(ctx context.Context, req kit.ExecRequest) (sandbox.ExecResult, error) {
 	sk := &bufSink{limit: r.p.opts.MaxOutputBytes}
-	st, err := r.start("exec", req, sk)
+	st, err := r.start("exec", req, len(req.Stdin) > 0, sk)
 	if err != nil {
 		return sandbox.ExecResult{}, err
 	}
@@ -50,15 +50,16 @@ func (r *resources) Exec(ctx context.Context, req kit.ExecRequest) (sandbox.Exec
 		return sandbox.ExecResult{ExitCode: st.exitCode, Stderr: st.message}, nil
 	}
 	p := st.p
-	go func() {
-		// A failed write (the command exited or closed its stdin) is the
-		// command's choice, not a failure of the exec; the supervisor
-		// closes the pipe at the end, which unblocks a stuck write.
-		if len(req.Stdin) > 0 {
+	if p.stdin != nil {
+		go func() {
+			// A failed write (the command exited or closed its stdin) is
+			// the command's choice, not a failure of the exec; the
+			// supervisor closes the pipe at the end, which unblocks a
+			// stuck write.
 			_, _ = p.stdin.Write(req.Stdin)
-		}
-		p.stdin.Close()
-	}()
+			p.stdin.Close()
+		}()
+	}
 	select {
 	case <-p.done:
 	case <-ctx.Done():

@@ -133,7 +133,7 @@ var _ sandbox.ExecHandle = (*handle)(nil)
 
 func (r *resources) ExecStart(_ context.Context, req kit.ExecRequest) (sandbox.ExecHandle, error) {
 	st := newStream(r.p.opts.StreamBuffer)
-	s, err := r.start("exec_start", req, st)
+	s, err := r.start("exec_start", req, true, st)
 	if err != nil {
 		return nil, err
 	}

@@ -103,7 +103,9 @@ type provider struct {
 	cgroups  *cgroupRoot
 	cgErr    error // why caps cannot be enforced, or nil
 	hostNet  *os.File
-	hostPath string // PATH for execs
+	netPool  *netnsPool
+	devNull  *os.File // stdin of an exec given no input
+	hostPath string   // PATH for execs
 }
 
 func newProvider(opts Options) (*provider, error) {
@@ -136,22 +138,36 @@ func newProvider(opts Options) (*provider, error) {
 			return nil, fmt.Errorf("host: state directory: %w", err)
 		}
 	}
+	if p.devNull, err = os.Open(os.DevNull); err != nil {
+		return nil, fmt.Errorf("host: %w", err)
+	}
 	if runtime.GOOS != "linux" {
 		p.netErr = errors.New("network namespaces need Linux")
 		p.cgErr = errors.New("cgroups need Linux")
 		return p, nil
 	}
 	p.hostNet, p.netErr = probeNetns()
+	if p.netErr == nil {
+		p.netPool = newNetnsPool(netnsPoolSize)
+	}
 	p.cgroups, p.cgErr = findCgroups()
 	return p, nil
 }
 
-// Close releases the provider's own handle on the host's network namespace.
+// netnsPoolSize is how many network namespaces are kept made ahead.
+const netnsPoolSize = 2
+
+// Close releases what the provider holds itself: its namespace pool, its
+// handle on the host's network namespace, /dev/null. The kit calls it after
+// every session is destroyed.
 func (p *provider) Close() error {
-	if p.hostNet != nil {
-		return p.hostNet.Close()
+	if p.netPool != nil {
+		p.netPool.close()
 	}
-	return nil
+	if p.hostNet != nil {
+		p.hostNet.Close()
+	}
+	return p.devNull.Close()
 }
 
 func (p *provider) Name() string                 { return Name }
@@ -213,7 +229,7 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 		return nil, err
 	}
 	if req.Spec.Network == sandbox.NetworkNone {
-		if r.netns, err = newNetns(); err != nil {
+		if r.netns, err = p.netPool.take(); err != nil {
 			return nil, fmt.Errorf("network namespace: %w", err)
 		}
 	}

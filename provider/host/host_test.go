@@ -253,9 +253,9 @@ func countFDs(t *testing.T) int {
 // Many sessions, each with execs of every kind, leave nothing behind: no
 // directory, file descriptor, cgroup or process.
 func TestNothingLeaks(t *testing.T) {
+	before := countFDs(t)
 	sb, state := newHost(t, host.Options{})
 	ctx := context.Background()
-	before := countFDs(t)
 	var pids []int
 	for i := range 20 {
 		spec := hostSpec(sandbox.NetworkEgress)
@@ -302,8 +302,11 @@ func TestNothingLeaks(t *testing.T) {
 			t.Errorf("%s holds %d entries after every session was destroyed (%v)", d, len(ents), err)
 		}
 	}
+	if err := sb.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if after := countFDs(t); after > before {
-		t.Errorf("file descriptors: %d before, %d after", before, after)
+		t.Errorf("file descriptors: %d before the sandbox, %d after it closed", before, after)
 	}
 	if os.Geteuid() == 0 {
 		out, _ := filepath.Glob("/sys/fs/cgroup/*/*/tai42-sb-*")

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -119,5 +120,89 @@ func (ns *netns) run(host *os.File, start func() error) error {
 func (ns *netns) close() {
 	if ns != nil && ns.f != nil {
 		ns.f.Close()
+	}
+}
+
+// netnsPool keeps a few network namespaces made ahead, refilled by one
+// background goroutine, so that creating a session with network "none" does
+// not wait for the kernel to build one (most of a create's cost otherwise).
+// The goroutine starts at the first take and stops at close.
+type netnsPool struct {
+	size   int
+	start  sync.Once
+	refill chan struct{}
+	stop   chan struct{}
+	done   chan struct{}
+
+	mu     sync.Mutex
+	ready  []*netns
+	closed bool
+}
+
+func newNetnsPool(size int) *netnsPool {
+	return &netnsPool{size: size, refill: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+}
+
+// take returns a namespace from the pool, or makes one when it is empty.
+func (p *netnsPool) take() (*netns, error) {
+	p.start.Do(func() { go p.fill() })
+	p.mu.Lock()
+	var ns *netns
+	if n := len(p.ready); n > 0 {
+		ns, p.ready = p.ready[n-1], p.ready[:n-1]
+	}
+	p.mu.Unlock()
+	select {
+	case p.refill <- struct{}{}:
+	default:
+	}
+	if ns != nil {
+		return ns, nil
+	}
+	return newNetns()
+}
+
+func (p *netnsPool) fill() {
+	defer close(p.done)
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-p.refill:
+		}
+		for {
+			p.mu.Lock()
+			full := p.closed || len(p.ready) >= p.size
+			p.mu.Unlock()
+			if full {
+				break
+			}
+			ns, err := newNetns()
+			if err != nil {
+				break // take makes its own and reports the error
+			}
+			p.mu.Lock()
+			if p.closed {
+				p.mu.Unlock()
+				ns.close()
+				return
+			}
+			p.ready = append(p.ready, ns)
+			p.mu.Unlock()
+		}
+	}
+}
+
+func (p *netnsPool) close() {
+	p.mu.Lock()
+	p.closed = true
+	ready := p.ready
+	p.ready = nil
+	p.mu.Unlock()
+	p.start.Do(func() { close(p.done) }) // never started: nothing to wait for
+	close(p.stop)
+	<-p.done
+	for _, ns := range ready {
+		ns.close()
 	}
 }

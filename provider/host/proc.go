@@ -44,6 +44,11 @@ type sink interface {
 
 var streamNames = [2]sandbox.StreamName{sandbox.Stdout, sandbox.Stderr}
 
+// readBufs are the readers' buffers: pooled, since an exec of a short
+// command would otherwise allocate (and zero) two of them for a few bytes.
+// A sink copies what it keeps.
+var readBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+
 // proc is one running exec: a process group, its pipes, two readers and a
 // supervisor that reaps it and decides how its output ends.
 type proc struct {
@@ -76,9 +81,10 @@ type started struct {
 	message  string
 }
 
-// start launches req in the session. Errors are *sandbox.SandboxError (or
-// *SessionNotFoundError once the session is closed).
-func (r *resources) start(op string, req kit.ExecRequest, sk sink) (started, error) {
+// start launches req in the session, with a stdin pipe when stdinPipe (else
+// /dev/null). Errors are *sandbox.SandboxError (or *SessionNotFoundError once
+// the session is closed).
+func (r *resources) start(op string, req kit.ExecRequest, stdinPipe bool, sk sink) (started, error) {
 	if err := r.beginStart(); err != nil {
 		return started{}, err
 	}
@@ -104,7 +110,9 @@ func (r *resources) start(op string, req kit.ExecRequest, sk sink) (started, err
 		path = "/bin/sh"
 	}
 
-	var pipes [6]*os.File // stdin r,w; stdout r,w; stderr r,w
+	// pipes: stdin r,w; stdout r,w; stderr r,w. Without input (a
+	// non-interactive exec with no stdin) the command reads /dev/null.
+	var pipes [6]*os.File
 	closeAll := func() {
 		for _, f := range pipes {
 			if f != nil {
@@ -112,11 +120,19 @@ func (r *resources) start(op string, req kit.ExecRequest, sk sink) (started, err
 			}
 		}
 	}
-	for i := 0; i < 6; i += 2 {
+	first := 0
+	if !stdinPipe {
+		first = 2
+	}
+	for i := first; i < 6; i += 2 {
 		if pipes[i], pipes[i+1], err = os.Pipe(); err != nil {
 			closeAll()
 			return started{}, sandbox.WrapError(op, "cannot create pipes", err)
 		}
+	}
+	childStdin := pipes[0]
+	if !stdinPipe {
+		childStdin = r.p.devNull
 	}
 	for _, f := range []*os.File{pipes[2], pipes[4]} {
 		growPipe(f)
@@ -124,7 +140,7 @@ func (r *resources) start(op string, req kit.ExecRequest, sk sink) (started, err
 	attr := &os.ProcAttr{
 		Dir:   dir,
 		Env:   env,
-		Files: []*os.File{pipes[0], pipes[3], pipes[5]},
+		Files: []*os.File{childStdin, pipes[3], pipes[5]},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
 	var process *os.Process
@@ -134,13 +150,14 @@ func (r *resources) start(op string, req kit.ExecRequest, sk sink) (started, err
 	} else {
 		err = startFn()
 	}
-	pipes[0].Close()
-	pipes[3].Close()
-	pipes[5].Close()
+	for _, i := range []int{0, 3, 5} { // the child's ends
+		if pipes[i] != nil {
+			pipes[i].Close()
+			pipes[i] = nil
+		}
+	}
 	if err != nil {
-		pipes[1].Close()
-		pipes[2].Close()
-		pipes[4].Close()
+		closeAll()
 		if code, msg := startFailure(req.Argv[0], err); code != 0 {
 			return started{exitCode: code, message: msg}, nil
 		}
@@ -263,7 +280,9 @@ func (p *proc) closePipes() {
 func (p *proc) read(i int) {
 	defer p.readers.Done()
 	f := p.outs[i]
-	buf := make([]byte, 128<<10)
+	bp := readBufs.Get().(*[]byte)
+	defer readBufs.Put(bp)
+	buf := *bp
 	for {
 		if p.exited.Load() {
 			_ = f.SetReadDeadline(time.Now().Add(p.grace))
