@@ -7,6 +7,7 @@
 package kit
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -316,7 +317,7 @@ func (s *Sandbox) ListSessions(context.Context) ([]sandbox.SessionInfo, error) {
 		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
 			return c
 		}
-		return cmpString(a.ID, b.ID)
+		return cmp.Compare(a.ID, b.ID)
 	})
 	return out, nil
 }
@@ -406,14 +407,4 @@ func newID() (string, error) {
 		return "", err
 	}
 	return "sb-" + hex.EncodeToString(b[:]), nil
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

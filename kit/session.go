@@ -53,7 +53,7 @@ func (ss *session) info() (sandbox.SessionInfo, error) {
 		return sandbox.SessionInfo{}, err
 	}
 	ss.kit.mu.Lock()
-	expires := ss.expires
+	expires := ss.expires // live() and this read may straddle a touch; either value is true
 	ss.kit.mu.Unlock()
 	return sandbox.SessionInfo{
 		ID:            ss.id,

@@ -217,16 +217,24 @@ func (s *suite) testFilesEscapes(t *testing.T) {
 	if !s.hostFS() {
 		return
 	}
-	dir := t.TempDir()
-	hostFile := filepath.Join(dir, "host.txt")
-	if err := os.WriteFile(hostFile, []byte("host"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir, hostFile := hostTempFile(t)
 	_, err := sess.GetFile(ctx, hostFile)
 	wantPlain(t, err, "GetFile of an absolute host path outside the workspace")
 	err = sess.PutFile(ctx, filepath.Join(dir, "new.txt"), []byte("x"))
 	wantPlain(t, err, "PutFile of an absolute host path outside the workspace")
 	wantNoHostFile(t, filepath.Join(dir, "new.txt"))
+}
+
+// hostTempFile makes a host directory holding host.txt ("host"), for the
+// escape checks of a provider that shares the host's filesystem.
+func hostTempFile(t *testing.T) (dir, file string) {
+	t.Helper()
+	dir = t.TempDir()
+	file = filepath.Join(dir, "host.txt")
+	if err := os.WriteFile(file, []byte("host"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir, file
 }
 
 func wantNoHostFile(t *testing.T, p string) {
@@ -259,11 +267,7 @@ func (s *suite) testFilesSymlinkEscapes(t *testing.T) {
 	if !s.hostFS() {
 		return
 	}
-	dir := t.TempDir()
-	hostFile := filepath.Join(dir, "host.txt")
-	if err := os.WriteFile(hostFile, []byte("host"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir, hostFile := hostTempFile(t)
 	mustSh(t, ctx, sess, `ln -s "$1" hostdir && ln -s "$2" hostfile`, dir, hostFile)
 	for _, p := range []string{"hostdir/host.txt", "hostfile"} {
 		_, err := sess.GetFile(ctx, p)

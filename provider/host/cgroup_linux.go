@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -149,7 +150,7 @@ func (r *cgroupRoot) create(name string, cpu float64, memMB int) (_ *cgroup, err
 		}
 		have := strings.Fields(string(ctrls))
 		for _, c := range []string{"memory", "cpu"} {
-			if !contains(have, c) {
+			if !slices.Contains(have, c) {
 				return nil, fmt.Errorf("cgroup v2: the %s controller is not delegated to %s", c, r.base[""])
 			}
 		}
@@ -247,13 +248,4 @@ func readPids(file string) []int {
 
 func write(dir, file, value string) error {
 	return os.WriteFile(filepath.Join(dir, file), []byte(value), 0o644)
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 	"time"
 
@@ -186,14 +187,14 @@ func (h *handle) WriteStdin(ctx context.Context, data []byte) error {
 	switch {
 	case err == nil:
 		return nil
-	case ctx.Err() != nil && errors.Is(err, errDeadline):
+	case ctx.Err() != nil && errors.Is(err, os.ErrDeadlineExceeded):
 		if n > 0 {
 			h.stdinClosed = true
 			h.p.stdin.Close()
 			return sandbox.WrapError("write_stdin", fmt.Sprintf("cancelled after %d of %d bytes; stdin is now closed", n, len(data)), ctx.Err())
 		}
 		return sandbox.WrapError("write_stdin", "cancelled before any byte was written", ctx.Err())
-	case h.p.exited.Load() || errors.Is(err, errClosed):
+	case h.p.exited.Load() || errors.Is(err, os.ErrClosed):
 		return errExited("write_stdin")
 	}
 	return sandbox.WrapError("write_stdin", fmt.Sprintf("the exec's stdin refused the write after %d of %d bytes (it closed its stdin)", n, len(data)), err)

@@ -36,7 +36,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"time"
 
 	"github.com/tai42/sandbox"
@@ -140,11 +139,6 @@ func newProvider(opts Options) (*provider, error) {
 	}
 	if p.devNull, err = os.Open(os.DevNull); err != nil {
 		return nil, fmt.Errorf("host: %w", err)
-	}
-	if runtime.GOOS != "linux" {
-		p.netErr = errors.New("network namespaces need Linux")
-		p.cgErr = errors.New("cgroups need Linux")
-		return p, nil
 	}
 	p.hostNet, p.netErr = probeNetns()
 	if p.netErr == nil {

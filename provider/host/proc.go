@@ -386,8 +386,3 @@ func exitCode(ps *os.ProcessState) int {
 	}
 	return ps.ExitCode()
 }
-
-var (
-	errDeadline = os.ErrDeadlineExceeded
-	errClosed   = os.ErrClosed
-)

@@ -233,6 +233,9 @@ func (r *resources) GetFile(_ context.Context, p kit.Path) ([]byte, error) {
 	case !fi.Mode().IsRegular():
 		return nil, sandbox.Errorf("get_file", "%q is not a regular file (%s)", p.Orig, fileKind(fi.Mode()))
 	}
+	// Read as os.ReadFile does: one buffer sized from the stat, +1 so that
+	// end-of-file shows without a regrow. (bytes.Buffer.ReadFrom would
+	// regrow and copy the whole file once it has fewer than 512 bytes free.)
 	buf := make([]byte, 0, fi.Size()+1)
 	for {
 		n, err := f.Read(buf[len(buf):cap(buf)])
@@ -243,7 +246,7 @@ func (r *resources) GetFile(_ context.Context, p kit.Path) ([]byte, error) {
 			}
 			return nil, sandbox.WrapError("get_file", fmt.Sprintf("reading %q failed", p.Orig), err)
 		}
-		if len(buf) == cap(buf) {
+		if len(buf) == cap(buf) { // the file grew since the stat
 			buf = append(buf, 0)[:len(buf)]
 		}
 	}
