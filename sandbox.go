@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"io"
 	"time"
 )
 
@@ -86,6 +87,21 @@ type Session interface {
 	// Like Sandbox.DestroySession it is idempotent: nil on a session that is
 	// already gone (an expired one is torn down now).
 	Destroy(ctx context.Context) error
+}
+
+// FileStreamer is an optional interface of a [Session] that moves a file
+// without holding it whole in memory, as the HTTP server and client do for
+// large files. Its rules and errors are PutFile's and GetFile's.
+type FileStreamer interface {
+	// PutFileFrom writes everything r yields to path, atomically like
+	// PutFile: when r or the write fails, the old content (or nothing)
+	// stays at path and the error is returned.
+	PutFileFrom(ctx context.Context, path string, r io.Reader) error
+	// OpenFile opens path for reading under GetFile's rules and errors
+	// (*FileNotFoundError only for a path where nothing exists). size is
+	// the file's length when opened. The caller closes the reader; reads
+	// after the session is destroyed may fail.
+	OpenFile(ctx context.Context, path string) (rc io.ReadCloser, size int64, err error)
 }
 
 // ExecHandle is a live interactive exec started by [Session.ExecStart].

@@ -1,0 +1,47 @@
+package api
+
+// Route is one endpoint of the API. Pattern uses net/http's ServeMux syntax,
+// which is also the OpenAPI path syntax.
+type Route struct {
+	Method      string
+	Path        string
+	OperationID string
+	// Public routes need no bearer token.
+	Public bool
+}
+
+// Pattern returns the ServeMux pattern "METHOD PATH".
+func (r Route) Pattern() string { return r.Method + " " + r.Path }
+
+// The API's routes. The server registers exactly these and openapi.json
+// documents exactly these (a test in package server checks both).
+var Routes = []Route{
+	{"GET", "/healthz", "healthz", true},
+	{"GET", "/openapi.json", "openapi", true},
+	{"GET", "/metrics", "metrics", false},
+	{"GET", "/v1/policy", "getPolicy", false},
+	{"GET", "/v1/sandbox", "getSandbox", false},
+	{"POST", "/v1/sessions", "createSession", false},
+	{"GET", "/v1/sessions", "listSessions", false},
+	{"GET", "/v1/sessions/{id}", "getSession", false},
+	{"DELETE", "/v1/sessions/{id}", "destroySession", false},
+	{"POST", "/v1/sessions/{id}/touch", "touchSession", false},
+	{"POST", "/v1/sessions/{id}/exec", "exec", false},
+	{"GET", "/v1/sessions/{id}/exec/stream", "execStream", false},
+	{"PUT", "/v1/sessions/{id}/files", "putFile", false},
+	{"GET", "/v1/sessions/{id}/files", "getFile", false},
+	{"POST", "/v1/reap", "reap", false},
+}
+
+// Headers and query parameters.
+const (
+	// HeaderRequestID carries the request id the server logs; a client may
+	// set it, the server echoes it or makes one.
+	HeaderRequestID = "X-Request-Id"
+	// QueryPath names the file of the files routes.
+	QueryPath = "path"
+	// ExecSubprotocol is the WebSocket subprotocol of the interactive exec.
+	ExecSubprotocol = "tai42.exec.v1"
+	// DefaultPort is the daemon's default TCP port on 127.0.0.1.
+	DefaultPort = 4242
+)

@@ -1,0 +1,172 @@
+package api
+
+import (
+	"encoding/base64"
+	"math"
+	"time"
+	"unicode/utf8"
+
+	"github.com/tai42/sandbox"
+)
+
+// SessionSpec is the wire form of [sandbox.SessionSpec]: env values travel
+// in clear (the connection is the consumer's; TLS is available), every other
+// field as the contract names it. null cpu, memory_mb and isolation mean
+// "none".
+type SessionSpec struct {
+	Image        string             `json:"image"`
+	WorkspaceKey string             `json:"workspace_key,omitempty"`
+	Durability   sandbox.Durability `json:"durability"`
+	Env          map[string]string  `json:"env,omitempty"`
+	Network      sandbox.Network    `json:"network"`
+	Isolation    *sandbox.Isolation `json:"isolation"`
+	CPU          *float64           `json:"cpu"`
+	MemoryMB     *int               `json:"memory_mb"`
+	TTLSeconds   int                `json:"ttl_seconds"`
+	Labels       map[string]string  `json:"labels,omitempty"`
+}
+
+// SpecFrom converts a contract spec to its wire form.
+func SpecFrom(s sandbox.SessionSpec) SessionSpec {
+	w := SessionSpec{
+		Image: s.Image, WorkspaceKey: s.WorkspaceKey, Durability: s.Durability,
+		Network: s.Network, TTLSeconds: s.TTLSeconds, Labels: s.Labels,
+	}
+	if len(s.Env) > 0 {
+		w.Env = make(map[string]string, len(s.Env))
+		for k, v := range s.Env {
+			w.Env[k] = v.Reveal()
+		}
+	}
+	if s.Isolation != "" {
+		iso := s.Isolation
+		w.Isolation = &iso
+	}
+	if s.CPU != 0 {
+		cpu := s.CPU
+		w.CPU = &cpu
+	}
+	if s.MemoryMB != 0 {
+		mem := s.MemoryMB
+		w.MemoryMB = &mem
+	}
+	return w
+}
+
+// Spec converts the wire form to the contract's spec.
+func (w SessionSpec) Spec() sandbox.SessionSpec {
+	s := sandbox.SessionSpec{
+		Image: w.Image, WorkspaceKey: w.WorkspaceKey, Durability: w.Durability,
+		Network: w.Network, TTLSeconds: w.TTLSeconds, Labels: w.Labels,
+	}
+	if w.Env != nil {
+		s.Env = sandbox.SecretEnv(w.Env)
+	}
+	if w.Isolation != nil {
+		s.Isolation = *w.Isolation
+	}
+	if w.CPU != nil {
+		s.CPU = *w.CPU
+	}
+	if w.MemoryMB != nil {
+		s.MemoryMB = *w.MemoryMB
+	}
+	return s
+}
+
+// SessionList is the body of GET /v1/sessions.
+type SessionList struct {
+	Sessions []sandbox.SessionInfo `json:"sessions"`
+}
+
+// Reaped is the body of POST /v1/reap.
+type Reaped struct {
+	Reaped []string `json:"reaped"`
+}
+
+// SandboxInfo is the body of GET /v1/sandbox: what a client needs to act as
+// the contract's Sandbox.
+type SandboxInfo struct {
+	Provider                  string         `json:"provider"`
+	ExecDefaultTimeoutSeconds float64        `json:"exec_default_timeout_seconds"`
+	ReapIntervalSeconds       float64        `json:"reap_interval_seconds"`
+	Policy                    sandbox.Policy `json:"policy"`
+	MaxBodyBytes              int64          `json:"max_body_bytes"`
+	Version                   string         `json:"version"`
+}
+
+// Health is the body of GET /healthz.
+type Health struct {
+	Status string `json:"status"`
+}
+
+// ExecRequest is the body of POST /v1/sessions/{id}/exec and, with Type
+// "start", the first frame of the interactive exec. Stdin is base64 in
+// stdin_base64 (the exec to completion only).
+type ExecRequest struct {
+	Type           string            `json:"type,omitempty"`
+	Argv           []string          `json:"argv"`
+	Cwd            string            `json:"cwd,omitempty"`
+	Env            map[string]string `json:"env,omitempty"`
+	StdinBase64    *string           `json:"stdin_base64,omitempty"`
+	TimeoutSeconds float64           `json:"timeout_seconds"`
+}
+
+// ExecResult is the wire form of [sandbox.ExecResult]. Output that is valid
+// UTF-8 travels as a JSON string in stdout/stderr; other output travels in
+// stdout_base64/stderr_base64 instead, so no byte is ever replaced.
+type ExecResult struct {
+	ExitCode     int     `json:"exit_code"`
+	Stdout       string  `json:"stdout"`
+	Stderr       string  `json:"stderr"`
+	StdoutBase64 *string `json:"stdout_base64,omitempty"`
+	StderrBase64 *string `json:"stderr_base64,omitempty"`
+}
+
+// ResultFrom converts a result to its wire form.
+func ResultFrom(r sandbox.ExecResult) ExecResult {
+	w := ExecResult{ExitCode: r.ExitCode}
+	w.Stdout, w.StdoutBase64 = encodeOutput(r.Stdout)
+	w.Stderr, w.StderrBase64 = encodeOutput(r.Stderr)
+	return w
+}
+
+func encodeOutput(s string) (string, *string) {
+	if utf8.ValidString(s) {
+		return s, nil
+	}
+	b := base64.StdEncoding.EncodeToString([]byte(s))
+	return "", &b
+}
+
+// Result converts the wire form to the contract's result.
+func (w ExecResult) Result() (sandbox.ExecResult, error) {
+	r := sandbox.ExecResult{ExitCode: w.ExitCode, Stdout: w.Stdout, Stderr: w.Stderr}
+	for _, f := range []struct {
+		b64 *string
+		dst *string
+	}{{w.StdoutBase64, &r.Stdout}, {w.StderrBase64, &r.Stderr}} {
+		if f.b64 == nil {
+			continue
+		}
+		b, err := base64.StdEncoding.DecodeString(*f.b64)
+		if err != nil {
+			return sandbox.ExecResult{}, err
+		}
+		*f.dst = string(b)
+	}
+	return r, nil
+}
+
+// Seconds converts a wire duration in seconds to a Duration, rounded to the
+// nanosecond so that 0.3 stays 300ms. NaN, infinities and values beyond a
+// Duration's range come back as -1 (invalid).
+func Seconds(f float64) time.Duration {
+	if math.IsNaN(f) || math.IsInf(f, 0) || math.Abs(f) > math.MaxInt64/1e9 {
+		return -1
+	}
+	return time.Duration(math.Round(f * 1e9))
+}
+
+// SecondsOf is the inverse of [Seconds].
+func SecondsOf(d time.Duration) float64 { return d.Seconds() }
