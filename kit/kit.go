@@ -18,6 +18,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tai42/sandbox"
@@ -60,6 +61,7 @@ type Sandbox struct {
 	closeOnce sync.Once
 
 	stopReaper context.CancelFunc
+	reaped     atomic.Uint64
 	reaperDone chan struct{}
 }
 
@@ -357,8 +359,13 @@ func (s *Sandbox) Reap(ctx context.Context) ([]string, error) {
 		}
 	}
 	slices.Sort(ids)
+	s.reaped.Add(uint64(len(ids)))
 	return ids, errors.Join(errs...)
 }
+
+// ReapedCount returns how many sessions Reap and the background reaper have
+// destroyed since New (for metrics).
+func (s *Sandbox) ReapedCount() uint64 { return s.reaped.Load() }
 
 func (s *Sandbox) destroy(ctx context.Context, ss *session) error {
 	_, err := s.destroyOnce(ctx, ss)

@@ -3,10 +3,12 @@ package kit_test
 import (
 	"context"
 	"errors"
+	"io"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -27,6 +29,7 @@ type fakeProvider struct {
 	mu        sync.Mutex
 	lastPath  kit.Path
 	lastExec  kit.ExecRequest
+	lastData  []byte
 }
 
 func (f *fakeProvider) Name() string                 { return "fake" }
@@ -58,9 +61,10 @@ func (r *fakeRes) Exec(_ context.Context, req kit.ExecRequest) (sandbox.ExecResu
 func (r *fakeRes) ExecStart(context.Context, kit.ExecRequest) (sandbox.ExecHandle, error) {
 	return nil, errors.New("not in the fake")
 }
-func (r *fakeRes) PutFile(_ context.Context, p kit.Path, _ []byte) error {
+func (r *fakeRes) PutFile(_ context.Context, p kit.Path, data []byte) error {
 	r.f.mu.Lock()
 	r.f.lastPath = p
+	r.f.lastData = data
 	r.f.mu.Unlock()
 	return nil
 }
@@ -68,7 +72,7 @@ func (r *fakeRes) GetFile(_ context.Context, p kit.Path) ([]byte, error) {
 	r.f.mu.Lock()
 	r.f.lastPath = p
 	r.f.mu.Unlock()
-	return nil, nil
+	return r.f.lastData, nil
 }
 func (r *fakeRes) Destroy(context.Context) error { r.f.destroyed.Add(1); return nil }
 
@@ -296,6 +300,9 @@ func TestTouchAndExpiry(t *testing.T) {
 	if ids, _ := sb.Reap(ctx); len(ids) != 0 {
 		t.Errorf("a second reap found %v", ids)
 	}
+	if n := sb.ReapedCount(); n != 2 {
+		t.Errorf("ReapedCount = %d after reaping 2 sessions; want 2", n)
+	}
 }
 
 func TestBackgroundReaper(t *testing.T) {
@@ -397,5 +404,52 @@ func TestCloseDestroysAll(t *testing.T) {
 	}
 	if err := sb.Close(ctx); err != nil {
 		t.Errorf("a second Close: %v", err)
+	}
+}
+
+// A provider without kit.FileStreamer still gets sessions that implement
+// sandbox.FileStreamer, through PutFile and GetFile, under the same path
+// rules and liveness checks.
+func TestFileStreamerFallback(t *testing.T) {
+	f := &fakeProvider{iso: "none"}
+	sb := newKit(t, f, open, -1)
+	ctx := context.Background()
+	sess, err := sb.CreateSession(ctx, spec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs, ok := sess.(sandbox.FileStreamer)
+	if !ok {
+		t.Fatalf("a kit session (%T) does not implement sandbox.FileStreamer", sess)
+	}
+	if err := fs.PutFileFrom(ctx, "a/b.txt", strings.NewReader("streamed")); err != nil {
+		t.Fatal(err)
+	}
+	if f.lastPath.Rel != "a/b.txt" || string(f.lastData) != "streamed" {
+		t.Errorf("the provider got PutFile(%q, %q); want (a/b.txt, streamed)", f.lastPath.Rel, f.lastData)
+	}
+	rc, size, err := fs.OpenFile(ctx, "a/b.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(rc)
+	rc.Close()
+	if size != 8 || string(got) != "streamed" {
+		t.Errorf("OpenFile = %q (size %d); want the provider's bytes", got, size)
+	}
+	if err := fs.PutFileFrom(ctx, "../out", strings.NewReader("x")); !errors.Is(err, sandbox.ErrSandbox) {
+		t.Errorf("PutFileFrom(../out) = %v; want a refusal", err)
+	}
+	if err := fs.PutFileFrom(ctx, "x", iotest.ErrReader(errors.New("broken"))); err == nil || !errors.Is(err, sandbox.ErrSandbox) {
+		t.Errorf("PutFileFrom with a failing reader = %v; want a *SandboxError", err)
+	}
+	if err := sess.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := fs.OpenFile(ctx, "a/b.txt"); !errors.Is(err, sandbox.ErrSessionNotFound) {
+		t.Errorf("OpenFile after destroy = %v; want SessionNotFoundError", err)
+	}
+	if err := fs.PutFileFrom(ctx, "a/b.txt", strings.NewReader("x")); !errors.Is(err, sandbox.ErrSessionNotFound) {
+		t.Errorf("PutFileFrom after destroy = %v; want SessionNotFoundError", err)
 	}
 }

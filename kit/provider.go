@@ -2,6 +2,7 @@ package kit
 
 import (
 	"context"
+	"io"
 	"time"
 
 	"github.com/tai42/sandbox"
@@ -60,6 +61,15 @@ type Resources interface {
 	// an ephemeral workspace is removed, a persistent one is kept. It runs
 	// under a context without cancellation.
 	Destroy(ctx context.Context) error
+}
+
+// FileStreamer is an optional interface of [Resources]: a provider that
+// implements it moves files without holding them whole in memory, and the
+// kit's sessions then implement [sandbox.FileStreamer] through it. Its rules
+// and errors are PutFile's and GetFile's.
+type FileStreamer interface {
+	PutFileFrom(ctx context.Context, p Path, r io.Reader) error
+	OpenFile(ctx context.Context, p Path) (io.ReadCloser, int64, error)
 }
 
 // Path is a caller's path resolved by the kit.

@@ -1,8 +1,10 @@
 package kit
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"path/filepath"
 	"strings"
@@ -25,7 +27,10 @@ type session struct {
 	destroyErr       error
 }
 
-var _ sandbox.Session = (*session)(nil)
+var (
+	_ sandbox.Session      = (*session)(nil)
+	_ sandbox.FileStreamer = (*session)(nil)
+)
 
 func (ss *session) ID() string { return ss.id }
 
@@ -158,6 +163,46 @@ func (ss *session) GetFile(ctx context.Context, path string) ([]byte, error) {
 		return nil, err
 	}
 	return ss.res.GetFile(ctx, p)
+}
+
+// PutFileFrom implements [sandbox.FileStreamer]: through the provider's
+// [FileStreamer] when it has one, else by reading r whole and PutFile.
+func (ss *session) PutFileFrom(ctx context.Context, path string, r io.Reader) error {
+	if err := ss.live(); err != nil {
+		return err
+	}
+	p, err := ss.resolve("put_file", path, false)
+	if err != nil {
+		return err
+	}
+	if fs, ok := ss.res.(FileStreamer); ok {
+		return fs.PutFileFrom(ctx, p, r)
+	}
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return sandbox.WrapError("put_file", fmt.Sprintf("reading the content of %q failed", path), err)
+	}
+	return ss.res.PutFile(ctx, p, data)
+}
+
+// OpenFile implements [sandbox.FileStreamer]: through the provider's
+// [FileStreamer] when it has one, else GetFile's bytes.
+func (ss *session) OpenFile(ctx context.Context, path string) (io.ReadCloser, int64, error) {
+	if err := ss.live(); err != nil {
+		return nil, 0, err
+	}
+	p, err := ss.resolve("get_file", path, false)
+	if err != nil {
+		return nil, 0, err
+	}
+	if fs, ok := ss.res.(FileStreamer); ok {
+		return fs.OpenFile(ctx, p)
+	}
+	data, err := ss.res.GetFile(ctx, p)
+	if err != nil {
+		return nil, 0, err
+	}
+	return io.NopCloser(bytes.NewReader(data)), int64(len(data)), nil
 }
 
 func (ss *session) resolve(op, path string, isCwd bool) (Path, error) {

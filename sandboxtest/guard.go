@@ -3,6 +3,7 @@ package sandboxtest
 import (
 	"context"
 	"errors"
+	"io"
 	"runtime/debug"
 	"testing"
 	"time"
@@ -80,7 +81,11 @@ func (w *guardedSandbox) session(s sandbox.Session) sandbox.Session {
 	if s == nil {
 		return nil
 	}
-	return &guardedSession{g: w.g, s: s}
+	gs := &guardedSession{g: w.g, s: s}
+	if fs, ok := s.(sandbox.FileStreamer); ok {
+		return &guardedStreamer{guardedSession: gs, fs: fs}
+	}
+	return gs
 }
 
 func (w *guardedSandbox) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (sandbox.Session, error) {
@@ -167,4 +172,27 @@ func (w *guardedHandle) Next(ctx context.Context) (sandbox.StreamItem, error) {
 
 func (w *guardedHandle) Kill(ctx context.Context) error {
 	return do(w.g, ctx, "Kill", func() error { return w.h.Kill(ctx) })
+}
+
+// guardedStreamer is a guardedSession whose session also implements
+// sandbox.FileStreamer.
+type guardedStreamer struct {
+	*guardedSession
+	fs sandbox.FileStreamer
+}
+
+func (w *guardedStreamer) PutFileFrom(ctx context.Context, path string, r io.Reader) error {
+	return do(w.g, ctx, "PutFileFrom", func() error { return w.fs.PutFileFrom(ctx, path, r) })
+}
+
+func (w *guardedStreamer) OpenFile(ctx context.Context, path string) (io.ReadCloser, int64, error) {
+	type opened struct {
+		rc   io.ReadCloser
+		size int64
+	}
+	o, err := call(w.g, ctx, "OpenFile", func() (opened, error) {
+		rc, size, err := w.fs.OpenFile(ctx, path)
+		return opened{rc, size}, err
+	})
+	return o.rc, o.size, err
 }

@@ -97,6 +97,7 @@ func Run(t *testing.T, newSandbox Factory, opts Options) {
 		{"Exec", s.execClauses()},
 		{"ExecStart", s.streamClauses()},
 		{"Files", s.fileClauses()},
+		{"FileStream", s.fileStreamClauses()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package host
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -161,7 +162,14 @@ func (r *resources) unregister(p *proc) {
 // place, so a reader sees the old content or the new, never a mix. Missing
 // parents are created. Every step goes through os.Root, so a symlink that
 // leads out of the workspace is refused.
-func (r *resources) PutFile(_ context.Context, p kit.Path, data []byte) (err error) {
+func (r *resources) PutFile(ctx context.Context, p kit.Path, data []byte) error {
+	return r.PutFileFrom(ctx, p, bytes.NewReader(data))
+}
+
+// PutFileFrom implements kit.FileStreamer: it copies src into a temporary
+// file beside the target and renames it into place, so a failed write (of
+// the file or of src) leaves the old content.
+func (r *resources) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) (err error) {
 	fail := func(what string, err error) error {
 		return sandbox.WrapError("put_file", fmt.Sprintf("%q: %s", p.Orig, what), rootErr(err))
 	}
@@ -191,8 +199,12 @@ func (r *resources) PutFile(_ context.Context, p kit.Path, data []byte) (err err
 			_ = r.root.Remove(tmp)
 		}
 	}()
-	if _, err := f.Write(data); err != nil {
+	if _, err := io.Copy(f, ctxReader{ctx, src}); err != nil {
 		f.Close()
+		var re readError
+		if errors.As(err, &re) {
+			return sandbox.WrapError("put_file", fmt.Sprintf("%q: reading the new content failed; the old content stays", p.Orig), re.err)
+		}
 		return fail("write failed", err)
 	}
 	if err := f.Chmod(mode); err != nil { // the umask may have narrowed it
@@ -212,27 +224,11 @@ func (r *resources) PutFile(_ context.Context, p kit.Path, data []byte) (err err
 // *sandbox.FileNotFoundError; a directory, a FIFO, a socket, a dangling or
 // looping symlink, an escape or an I/O error is a plain *sandbox.SandboxError.
 func (r *resources) GetFile(_ context.Context, p kit.Path) ([]byte, error) {
-	f, err := r.root.OpenFile(p.Rel, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	f, fi, err := r.open(p)
 	if err != nil {
-		if missing(err) {
-			if _, lerr := r.root.Lstat(p.Rel); missing(lerr) {
-				return nil, &sandbox.FileNotFoundError{Path: p.Orig}
-			}
-			return nil, sandbox.Errorf("get_file", "%q is a symlink whose target does not exist in the workspace", p.Orig)
-		}
-		return nil, sandbox.WrapError("get_file", fmt.Sprintf("cannot open %q", p.Orig), rootErr(err))
+		return nil, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, sandbox.WrapError("get_file", fmt.Sprintf("cannot stat %q", p.Orig), err)
-	}
-	switch {
-	case fi.IsDir():
-		return nil, sandbox.Errorf("get_file", "%q is a directory, not a file", p.Orig)
-	case !fi.Mode().IsRegular():
-		return nil, sandbox.Errorf("get_file", "%q is not a regular file (%s)", p.Orig, fileKind(fi.Mode()))
-	}
 	// Read as os.ReadFile does: one buffer sized from the stat, +1 so that
 	// end-of-file shows without a regrow. (bytes.Buffer.ReadFrom would
 	// regrow and copy the whole file once it has fewer than 512 bytes free.)
@@ -251,6 +247,83 @@ func (r *resources) GetFile(_ context.Context, p kit.Path) ([]byte, error) {
 		}
 	}
 }
+
+// OpenFile implements kit.FileStreamer: the open regular file, with
+// GetFile's errors.
+func (r *resources) OpenFile(_ context.Context, p kit.Path) (io.ReadCloser, int64, error) {
+	f, fi, err := r.open(p)
+	if err != nil {
+		return nil, 0, err
+	}
+	return f, fi.Size(), nil
+}
+
+// open opens a regular file of the workspace for GetFile and OpenFile.
+// Only a path where nothing exists is a *sandbox.FileNotFoundError; a
+// directory, a FIFO, a socket, a dangling or looping symlink, an escape or
+// an I/O error is a plain *sandbox.SandboxError.
+func (r *resources) open(p kit.Path) (*os.File, fs.FileInfo, error) {
+	f, err := r.root.OpenFile(p.Rel, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if err != nil {
+		if missing(err) {
+			if _, lerr := r.root.Lstat(p.Rel); missing(lerr) {
+				return nil, nil, &sandbox.FileNotFoundError{Path: p.Orig}
+			}
+			return nil, nil, sandbox.Errorf("get_file", "%q is a symlink whose target does not exist in the workspace", p.Orig)
+		}
+		return nil, nil, sandbox.WrapError("get_file", fmt.Sprintf("cannot open %q", p.Orig), rootErr(err))
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, nil, sandbox.WrapError("get_file", fmt.Sprintf("cannot stat %q", p.Orig), err)
+	}
+	switch {
+	case fi.IsDir():
+		f.Close()
+		return nil, nil, sandbox.Errorf("get_file", "%q is a directory, not a file", p.Orig)
+	case !fi.Mode().IsRegular():
+		f.Close()
+		return nil, nil, sandbox.Errorf("get_file", "%q is not a regular file (%s)", p.Orig, fileKind(fi.Mode()))
+	}
+	return f, fi, nil
+}
+
+// ctxReader reads from r until ctx is done; r's own failures come back
+// as readError, so that PutFileFrom can tell them from the file's.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(b []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, readError{err}
+	}
+	n, err := c.r.Read(b)
+	if err != nil && err != io.EOF {
+		err = readError{err}
+	}
+	return n, err
+}
+
+// WriteTo keeps a bytes.Reader's single write (PutFile's path) and copies
+// any other reader through a 256 KiB buffer (io.Copy into an *os.File would
+// use 32 KiB).
+func (c ctxReader) WriteTo(w io.Writer) (int64, error) {
+	if br, ok := c.r.(*bytes.Reader); ok {
+		if err := c.ctx.Err(); err != nil {
+			return 0, readError{err}
+		}
+		return br.WriteTo(w)
+	}
+	return io.CopyBuffer(struct{ io.Writer }{w}, struct{ io.Reader }{c}, make([]byte, 256<<10))
+}
+
+type readError struct{ err error }
+
+func (e readError) Error() string { return e.err.Error() }
+func (e readError) Unwrap() error { return e.err }
 
 func missing(err error) bool {
 	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
