@@ -14,7 +14,7 @@ type Route struct {
 func (r Route) Pattern() string { return r.Method + " " + r.Path }
 
 // The API's routes. The server registers exactly these and openapi.json
-// documents exactly these (a test in package server checks both).
+// documents exactly these (TestOpenAPI in this package checks the document; the server's tests check the registration).
 var Routes = []Route{
 	{"GET", "/healthz", "healthz", true},
 	{"GET", "/openapi.json", "openapi", true},

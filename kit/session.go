@@ -60,6 +60,10 @@ func (ss *session) info() (sandbox.SessionInfo, error) {
 	ss.kit.mu.Lock()
 	expires := ss.expires // live() and this read may straddle a touch; either value is true
 	ss.kit.mu.Unlock()
+	labels := maps.Clone(ss.spec.Labels)
+	if labels == nil {
+		labels = map[string]string{} // a dict, never null, on the wire
+	}
 	return sandbox.SessionInfo{
 		ID:            ss.id,
 		Image:         ss.spec.Image,
@@ -68,7 +72,7 @@ func (ss *session) info() (sandbox.SessionInfo, error) {
 		Durability:    ss.spec.Durability,
 		CreatedAt:     ss.created.UTC(),
 		ExpiresAt:     expires.UTC(),
-		Labels:        maps.Clone(ss.spec.Labels),
+		Labels:        labels,
 	}, nil
 }
 
