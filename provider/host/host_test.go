@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -393,5 +394,77 @@ func TestPersistentWorkspaceOnDisk(t *testing.T) {
 	s.Destroy(context.Background())
 	if b, err := os.ReadFile(filepath.Join(state, "host", "workspaces", "proj", "keep.txt")); err != nil || string(b) != "kept" {
 		t.Errorf("the persistent file is gone after destroy: %q %v", b, err)
+	}
+}
+
+// Building sandboxes and network namespaces on many threads at once never
+// leaves another thread of the process in a session's namespace: the
+// process's own loopback connections keep working throughout. (The host's
+// namespace was once read from /proc/self, the main thread, which could be
+// inside another sandbox's setup at that moment.)
+func TestNetnsSetupNeverStrandsThreads(t *testing.T) {
+	needRoot(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	stop := make(chan struct{})
+	var refused atomic.Int64
+	var dialers sync.WaitGroup
+	for range 8 {
+		dialers.Add(1)
+		go func() {
+			defer dialers.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c, err := net.DialTimeout("tcp", ln.Addr().String(), 2*time.Second)
+				if err != nil {
+					refused.Add(1)
+					continue
+				}
+				c.Close()
+			}
+		}()
+	}
+	var builders sync.WaitGroup
+	for range 24 {
+		builders.Add(1)
+		go func() {
+			defer builders.Done()
+			sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: openPolicy, ReapInterval: -1})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer sb.Close(context.Background())
+			s, err := sb.CreateSession(context.Background(), hostSpec(sandbox.NetworkNone))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if _, err := s.Exec(context.Background(), []string{"/bin/true"}, sandbox.ExecOptions{Timeout: 20 * time.Second}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	builders.Wait()
+	close(stop)
+	dialers.Wait()
+	if n := refused.Load(); n != 0 {
+		t.Errorf("%d loopback dials failed while sandboxes were built: a thread was left in a session's network namespace", n)
 	}
 }

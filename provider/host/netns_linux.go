@@ -17,8 +17,18 @@ type netns struct {
 
 // probeNetns opens the host's network namespace and proves a new one can be
 // made here; the error says why not.
+//
+// The host's namespace is read from a thread of our own, locked while it
+// reads: /proc/self names the main thread, which may at that moment be
+// running another sandbox's namespace setup, and recording that throwaway
+// namespace as the host's would later send threads back into it.
 func probeNetns() (*os.File, error) {
-	host, err := os.Open("/proc/self/ns/net")
+	var host *os.File
+	err := onLockedThread(func() (bool, error) {
+		var err error
+		host, err = os.Open("/proc/thread-self/ns/net")
+		return false, err
+	})
 	if err != nil {
 		return nil, err
 	}
