@@ -1,0 +1,153 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tai42/sandbox"
+)
+
+// Label values.
+const (
+	modeExec   = "exec"
+	modeStream = "stream"
+
+	dirStdin  = "stdin"
+	dirStdout = "stdout"
+	dirStderr = "stderr"
+	dirPut    = "put"
+	dirGet    = "get"
+)
+
+// metrics are the server's Prometheus metrics, all prefixed tai42_.
+type metrics struct {
+	created      prometheus.Counter
+	rejectedVec  *prometheus.CounterVec
+	reaped       prometheus.Counter // nil when the sandbox counts its own reaps
+	destroyed    prometheus.Counter
+	execsStarted *prometheus.CounterVec
+	execDuration *prometheus.HistogramVec
+	bytes        *prometheus.CounterVec
+	requests     *prometheus.CounterVec
+}
+
+// listTimeout bounds the ListSessions of one scrape of sessions_live.
+const listTimeout = 5 * time.Second
+
+func newMetrics(reg *prometheus.Registry, sb sandbox.Sandbox) (*metrics, error) {
+	m := &metrics{
+		created: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tai42_sessions_created_total", Help: "Sessions created through the API.",
+		}),
+		rejectedVec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tai42_sessions_rejected_total", Help: "Session specs rejected, by reason (invalid, policy, unenforceable, conflict).",
+		}, []string{"reason"}),
+		destroyed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tai42_sessions_destroyed_total", Help: "Live sessions destroyed through the API.",
+		}),
+		execsStarted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tai42_execs_started_total", Help: "Execs started, by mode (exec: to completion; stream: interactive).",
+		}, []string{"mode"}),
+		execDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tai42_exec_duration_seconds",
+			Help:    "Wall time of execs, by mode.",
+			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800},
+		}, []string{"mode"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tai42_bytes_streamed_total", Help: "Bytes moved, by direction (stdin, stdout, stderr of execs; put, get of files).",
+		}, []string{"direction"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tai42_http_requests_total", Help: "HTTP requests, by route (operation id, or unknown) and status code.",
+		}, []string{"route", "code"}),
+	}
+	live := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tai42_sessions_live", Help: "Live sessions.",
+	}, func() float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), listTimeout)
+		defer cancel()
+		infos, err := sb.ListSessions(ctx)
+		if err != nil {
+			return 0
+		}
+		return float64(len(infos))
+	})
+	var reaped prometheus.Collector
+	if rc, ok := sb.(interface{ ReapedCount() uint64 }); ok {
+		reaped = prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "tai42_sessions_reaped_total", Help: "Expired sessions reaped (by the background reaper and POST /v1/reap).",
+		}, func() float64 { return float64(rc.ReapedCount()) })
+	} else {
+		m.reaped = prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tai42_sessions_reaped_total", Help: "Expired sessions reaped by POST /v1/reap.",
+		})
+		reaped = m.reaped
+	}
+	for _, c := range []prometheus.Collector{m.created, m.rejectedVec, reaped, m.destroyed, m.execsStarted,
+		m.execDuration, m.bytes, m.requests, live} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("server: registering metrics: %w", err)
+		}
+	}
+	// The runtime's collectors may already be in a registry the caller
+	// shares; that is fine.
+	for _, c := range []prometheus.Collector{
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	} {
+		var are prometheus.AlreadyRegisteredError
+		if err := reg.Register(c); err != nil && !errors.As(err, &are) {
+			return nil, fmt.Errorf("server: registering metrics: %w", err)
+		}
+	}
+	// Every series exists from the start, at zero.
+	for _, r := range []sandbox.RejectReason{sandbox.ReasonInvalid, sandbox.ReasonPolicy, sandbox.ReasonUnenforceable, sandbox.ReasonConflict} {
+		m.rejectedVec.WithLabelValues(string(r))
+	}
+	for _, mode := range []string{modeExec, modeStream} {
+		m.execsStarted.WithLabelValues(mode)
+		m.execDuration.WithLabelValues(mode)
+	}
+	for _, d := range []string{dirStdin, dirStdout, dirStderr, dirPut, dirGet} {
+		m.bytes.WithLabelValues(d)
+	}
+	return m, nil
+}
+
+// rejected counts a create refused with a *sandbox.SpecRejectedError.
+func (m *metrics) rejected(err error) {
+	var rej *sandbox.SpecRejectedError
+	if errors.As(err, &rej) {
+		m.rejectedVec.WithLabelValues(string(rej.Reason)).Inc()
+	}
+}
+
+// reapedByRoute counts the reap route's sessions when the sandbox does not
+// count its own.
+func (m *metrics) reapedByRoute(n int) {
+	if m.reaped != nil {
+		m.reaped.Add(float64(n))
+	}
+}
+
+func (m *metrics) streamed(direction string, n int) {
+	if n > 0 {
+		m.bytes.WithLabelValues(direction).Add(float64(n))
+	}
+}
+
+func (m *metrics) request(route string, status int) {
+	m.requests.WithLabelValues(route, strconv.Itoa(status)).Inc()
+}
+
+func (s *Server) metricsHandler() http.HandlerFunc {
+	h := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
+	return h.ServeHTTP
+}

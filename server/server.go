@@ -1,0 +1,374 @@
+// Package server is the TAI42 Sandbox daemon's HTTP API over any
+// [sandbox.Sandbox]: the routes of [api.Routes], their JSON bodies and
+// errors, the interactive exec over WebSocket, Prometheus metrics and one
+// structured log line per request. The wire format is package api's; this
+// package only serves it.
+//
+// Security: every route but the public ones needs "Authorization: Bearer
+// TOKEN", compared in constant time; a refused request touches nothing.
+// Env values (secrets), request bodies, argv, tokens and the Authorization
+// header never reach a log line, an error text or a panic.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/api"
+)
+
+// Defaults and fixed limits.
+const (
+	// DefaultMaxBodyBytes is the request body limit when Options.MaxBodyBytes is 0.
+	DefaultMaxBodyBytes int64 = 1 << 30
+	// DefaultShutdownGrace is Options.ShutdownGrace when it is 0.
+	DefaultShutdownGrace = 10 * time.Second
+	// ReadHeaderTimeout and MaxHeaderBytes are the http.Server's limits in Serve.
+	ReadHeaderTimeout = 10 * time.Second
+	MaxHeaderBytes    = 64 << 10
+	// IdleTimeout closes a keep-alive connection idle that long (Serve).
+	IdleTimeout = 2 * time.Minute
+
+	// hardStopWait bounds how long Serve waits, once the grace is over and
+	// every exec was told to die, for the handlers to return.
+	hardStopWait = 15 * time.Second
+)
+
+// Options configure a [Server].
+type Options struct {
+	// Token is required and non-empty: every non-public route needs
+	// "Authorization: Bearer <Token>".
+	Token string
+	// Policy is the resolved policy, returned by GET /v1/policy and in GET
+	// /v1/sandbox. The zero Policy means the sandbox's own when it has a
+	// Policy() method (as a kit-built sandbox does); a policy that differs
+	// from the sandbox's own is refused by New.
+	Policy sandbox.Policy
+	// Provider is the provider's name, reported by GET /v1/sandbox.
+	Provider string
+	// Version is reported by GET /v1/sandbox.
+	Version string
+	// MaxBodyBytes limits every request body (files, exec bodies); 0 means
+	// [DefaultMaxBodyBytes].
+	MaxBodyBytes int64
+	// Logger receives one line per request and the server's events; nil
+	// discards them.
+	Logger *slog.Logger
+	// Registry receives the server's metrics and is served at /metrics; nil
+	// means a fresh registry owned by this Server.
+	Registry *prometheus.Registry
+	// ShutdownGrace is how long, at shutdown, in-flight requests and
+	// interactive execs may finish before their execs are killed; 0 means
+	// [DefaultShutdownGrace].
+	ShutdownGrace time.Duration
+}
+
+// Server serves the API over one sandbox. It is an http.Handler; Serve runs
+// it on a listener with graceful shutdown. All methods are safe for
+// concurrent use.
+type Server struct {
+	sb       sandbox.Sandbox
+	token    string
+	policy   sandbox.Policy
+	provider string
+	version  string
+	maxBody  int64
+	grace    time.Duration
+	log      *slog.Logger
+	reg      *prometheus.Registry
+	met      *metrics
+	handler  http.Handler
+
+	// inflight counts running handlers, interactive execs included (they
+	// run in their handler), so that Serve can wait for them.
+	inflight tracker
+	// closing refuses new requests once Serve is shutting down.
+	closing atomic.Bool
+	// hardStop is closed when the shutdown grace is over: every interactive
+	// exec still running is killed.
+	hardStop     chan struct{}
+	hardStopOnce sync.Once
+	served       atomic.Bool
+	timing       streamTiming
+}
+
+// New returns a Server for sb. It fails when Token is empty, a limit is
+// negative, the policy is invalid or differs from the sandbox's own, a
+// route of [api.Routes] has no handler, or a metric cannot be registered
+// (a Registry shared with another Server). New does not take ownership of
+// sb: the caller closes it after Serve returns.
+func New(sb sandbox.Sandbox, opts Options) (*Server, error) {
+	if sb == nil {
+		return nil, errors.New("server: a sandbox is required")
+	}
+	if opts.Token == "" {
+		return nil, errors.New("server: a non-empty token is required")
+	}
+	if strings.ContainsFunc(opts.Token, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		return nil, errors.New("server: the token must not contain spaces or control characters")
+	}
+	if opts.MaxBodyBytes < 0 {
+		return nil, fmt.Errorf("server: MaxBodyBytes %d is negative", opts.MaxBodyBytes)
+	}
+	if opts.ShutdownGrace < 0 {
+		return nil, fmt.Errorf("server: ShutdownGrace %v is negative", opts.ShutdownGrace)
+	}
+	policy, err := resolvePolicy(sb, opts.Policy)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		sb:       sb,
+		token:    opts.Token,
+		policy:   policy,
+		provider: opts.Provider,
+		version:  opts.Version,
+		maxBody:  opts.MaxBodyBytes,
+		grace:    opts.ShutdownGrace,
+		log:      opts.Logger,
+		reg:      opts.Registry,
+		hardStop: make(chan struct{}),
+		timing:   defaultTiming,
+	}
+	if s.maxBody == 0 {
+		s.maxBody = DefaultMaxBodyBytes
+	}
+	if s.grace == 0 {
+		s.grace = DefaultShutdownGrace
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.reg == nil {
+		s.reg = prometheus.NewRegistry()
+	}
+	if s.met, err = newMetrics(s.reg, sb); err != nil {
+		return nil, err
+	}
+	if s.handler, err = s.routes(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// resolvePolicy picks the policy the API reports: the given one, or the
+// sandbox's own when none is given; a mismatch is a configuration error.
+func resolvePolicy(sb sandbox.Sandbox, p sandbox.Policy) (sandbox.Policy, error) {
+	own, hasOwn := sb.(interface{ Policy() sandbox.Policy })
+	if p == (sandbox.Policy{}) && hasOwn {
+		p = own.Policy()
+	}
+	if err := p.Validate(); err != nil {
+		return sandbox.Policy{}, fmt.Errorf("server: %w", err)
+	}
+	if hasOwn && own.Policy() != p {
+		return sandbox.Policy{}, fmt.Errorf("server: Options.Policy %+v differs from the policy the sandbox enforces %+v", p, own.Policy())
+	}
+	return p, nil
+}
+
+// ServeHTTP serves one request of the API. It never panics: a panic in a
+// handler becomes a 500 of kind internal, logged with its route.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.handler.ServeHTTP(w, r)
+}
+
+// Serve serves on ln until ctx is done, then shuts down gracefully: it stops
+// accepting, lets in-flight requests and interactive execs run up to
+// ShutdownGrace, then kills the execs still running (cancelling the
+// contexts of plain execs and killing the handles of interactive ones) and
+// returns once their handlers have returned (or, for a handler that will
+// not, after a further bounded wait). It does not close the sandbox.
+//
+// tlsConfig nil serves plain HTTP; otherwise TLS (HTTP/1.1, which the
+// WebSocket exec needs). Serve returns nil after a shutdown caused by ctx,
+// and the listener's error if serving failed; it may be called once per
+// Server.
+func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsConfig *tls.Config) error {
+	if !s.served.CompareAndSwap(false, true) {
+		return errors.New("server: Serve may be called only once per Server")
+	}
+	baseCtx, cancelBase := context.WithCancel(context.Background())
+	defer cancelBase()
+	hs := &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: ReadHeaderTimeout,
+		MaxHeaderBytes:    MaxHeaderBytes,
+		IdleTimeout:       IdleTimeout,
+		BaseContext:       func(net.Listener) context.Context { return baseCtx },
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	if tlsConfig != nil {
+		cfg := tlsConfig.Clone()
+		if len(cfg.NextProtos) == 0 {
+			cfg.NextProtos = []string{"http/1.1"}
+		}
+		hs.TLSConfig = cfg
+		ln = tls.NewListener(ln, cfg)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		s.log.Info("shutting down", "grace", s.grace.String())
+	case serveErr = <-errc:
+		s.log.Error("serving failed; shutting down", "err", serveErr)
+	}
+	s.shutdown(hs, cancelBase)
+	if serveErr == nil {
+		serveErr = <-errc
+	}
+	if errors.Is(serveErr, http.ErrServerClosed) {
+		return nil
+	}
+	return serveErr
+}
+
+// shutdown stops hs: no new connection, in-flight work up to the grace, then
+// every exec killed and a bounded wait for the handlers.
+func (s *Server) shutdown(hs *http.Server, cancelBase context.CancelFunc) {
+	s.closing.Store(true)
+	graceCtx, cancel := context.WithTimeout(context.Background(), s.grace)
+	defer cancel()
+	shutDone := make(chan struct{})
+	go func() {
+		defer close(shutDone)
+		_ = hs.Shutdown(graceCtx) // closes the listeners at once; the grace is ours to enforce
+	}()
+	select {
+	case <-s.inflight.idle():
+	case <-graceCtx.Done():
+		n := s.inflight.count()
+		s.log.Warn("shutdown grace is over; killing the execs still running", "in_flight", n)
+		s.stopHard()
+		cancelBase()
+		t := time.NewTimer(hardStopWait)
+		select {
+		case <-s.inflight.idle():
+		case <-t.C:
+			s.log.Error("handlers still running after their execs were killed; closing their connections", "in_flight", s.inflight.count())
+		}
+		t.Stop()
+	}
+	<-shutDone
+	_ = hs.Close() // whatever connection is left
+}
+
+// stopHard tells every interactive exec to die.
+func (s *Server) stopHard() { s.hardStopOnce.Do(func() { close(s.hardStop) }) }
+
+// Listen listens on addr: "host:port" (TCP) or "unix:/path" (a unix
+// socket: a stale socket file there is removed first, a live one or a
+// non-socket file is an error, and the new socket gets mode 0600). The
+// caller closes the listener (Serve does).
+func Listen(addr string) (net.Listener, error) {
+	path, isUnix := strings.CutPrefix(addr, "unix:")
+	if !isUnix {
+		if addr == "" {
+			return nil, errors.New("server: listen: an address is required (host:port or unix:/path)")
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("server: listen: %w", err)
+		}
+		return ln, nil
+	}
+	if path == "" {
+		return nil, errors.New("server: listen: unix: needs a socket path")
+	}
+	if err := removeStaleSocket(path); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("server: listen: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("server: listen: %w", err)
+	}
+	return ln, nil
+}
+
+// removeStaleSocket removes a socket file at path that no one listens on.
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("server: listen: %w", err)
+	case fi.Mode()&os.ModeSocket == 0:
+		return fmt.Errorf("server: listen: %s exists and is not a socket; not removing it", path)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return fmt.Errorf("server: listen: %s: another process is listening there", path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("server: listen: removing stale socket: %w", err)
+	}
+	return nil
+}
+
+// tracker counts running handlers and tells when none runs.
+type tracker struct {
+	mu      sync.Mutex
+	n       int
+	waiters chan struct{} // closed when n drops to 0
+}
+
+func (t *tracker) add() {
+	t.mu.Lock()
+	t.n++
+	t.mu.Unlock()
+}
+
+func (t *tracker) done() {
+	t.mu.Lock()
+	t.n--
+	if t.n == 0 && t.waiters != nil {
+		close(t.waiters)
+		t.waiters = nil
+	}
+	t.mu.Unlock()
+}
+
+func (t *tracker) count() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.n
+}
+
+// idle returns a channel closed once no handler runs.
+func (t *tracker) idle() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.n == 0 {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	if t.waiters == nil {
+		t.waiters = make(chan struct{})
+	}
+	return t.waiters
+}
+
+// errShuttingDown answers requests that arrive while Serve shuts down.
+var errShuttingDown = api.Transportf(api.KindShuttingDown, "the daemon is shutting down")

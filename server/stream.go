@@ -1,0 +1,440 @@
+package server
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/api"
+)
+
+// Timing and sizes of the interactive exec.
+const (
+	// killTimeout bounds one Kill; drainTimeout the output read after a
+	// kill; closeTimeout the last frame and close handshake to a client
+	// that does not read.
+	killTimeout  = 10 * time.Second
+	drainTimeout = 10 * time.Second
+	closeTimeout = 5 * time.Second
+	// safetyMargin: the provider's own timeout is requested*2 + this, a
+	// safety net behind the server's deadline.
+	safetyMargin = 30 * time.Second
+	// stdinQueueBytes bounds the stdin data read from the client and not yet
+	// written to the exec; past it the reader stops reading (back-pressure).
+	stdinQueueBytes = 2 * api.MaxStdinFrame
+	// maxOutFrame is the most output data one binary frame carries.
+	maxOutFrame = api.MaxStdinFrame
+)
+
+// streamTiming is the liveness timing of interactive execs; a Server holds
+// its own copy (tests shorten it).
+type streamTiming struct {
+	// ping: the client is pinged this often; no pong within pong counts as
+	// gone (see execStream.backPressured for the exception).
+	ping, pong time.Duration
+	// start: the start frame must arrive this soon after the upgrade.
+	start time.Duration
+}
+
+var defaultTiming = streamTiming{ping: 15 * time.Second, pong: 15 * time.Second, start: 30 * time.Second}
+
+// execStream serves the interactive exec (GET /v1/sessions/{id}/exec/stream,
+// protocol in package api's doc). The WebSocket is accepted only after the
+// handshake, its subprotocol and the session were checked, so those failures
+// are plain JSON errors; the handler then runs the stream to its end.
+func (s *Server) execStream(w http.ResponseWriter, r *http.Request) {
+	if err := checkUpgrade(r); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sess, err := s.sb.GetSession(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+		Subprotocols: []string{api.ExecSubprotocol},
+		// Cross-site WebSocket hijacking needs credentials a browser adds
+		// on its own; this API has none (the bearer token is a header a
+		// browser's WebSocket cannot set), so an Origin check would add no
+		// protection, only refuse some clients in plain text.
+		InsecureSkipVerify: true,
+	})
+	rs := stateOf(r)
+	if err != nil { // Accept has answered; the checks above make this rare
+		rs.errKind = api.KindBadRequest
+		return
+	}
+	rs.ws = true
+	newExecStream(s, conn, sess, rs).run()
+}
+
+// checkUpgrade refuses, before any upgrade, a request that is not a
+// WebSocket handshake for the exec subprotocol.
+func checkUpgrade(r *http.Request) error {
+	bad := func(format string, args ...any) error { return api.Transportf(api.KindBadRequest, format, args...) }
+	switch {
+	case !headerHasToken(r.Header, "Connection", "upgrade") || !headerHasToken(r.Header, "Upgrade", "websocket"):
+		return bad("this route is the interactive exec over WebSocket: send a WebSocket handshake (Connection: Upgrade, Upgrade: websocket) with subprotocol %s", api.ExecSubprotocol)
+	case !r.ProtoAtLeast(1, 1):
+		return bad("a WebSocket handshake needs HTTP/1.1, not %s", clipText(r.Proto))
+	case !headerHasToken(r.Header, "Sec-WebSocket-Protocol", api.ExecSubprotocol):
+		return bad("the WebSocket subprotocol %s is required (Sec-WebSocket-Protocol)", api.ExecSubprotocol)
+	case r.Header.Get("Sec-WebSocket-Version") != "13":
+		return bad("WebSocket version 13 is required (Sec-WebSocket-Version)")
+	}
+	keys := r.Header.Values("Sec-WebSocket-Key")
+	if len(keys) != 1 {
+		return bad("exactly one Sec-WebSocket-Key header is required")
+	}
+	if k, err := base64.StdEncoding.DecodeString(strings.TrimSpace(keys[0])); err != nil || len(k) != 16 {
+		return bad("Sec-WebSocket-Key must be 16 bytes in base64")
+	}
+	return nil
+}
+
+// headerHasToken reports whether a comma-separated header holds token
+// (case-insensitively).
+func headerHasToken(h http.Header, key, token string) bool {
+	for _, v := range h.Values(key) {
+		for t := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// abortKind says why a stream stopped before its exec's natural end.
+type abortKind int
+
+const (
+	abortNone      abortKind = iota
+	abortGone                // the client closed the connection or vanished
+	abortViolation           // the client broke the protocol
+	abortShutdown            // the daemon stopped before the exec started
+	abortInternal            // a goroutine of the stream panicked
+)
+
+// terminal is how the exec's output stream ended: its exit, or an error.
+type terminal struct {
+	exit *sandbox.StreamExit
+	err  error
+}
+
+// stdinOp is one stdin frame or close_stdin, queued for the stdin worker.
+type stdinOp struct {
+	id    uint64
+	data  []byte
+	close bool
+}
+
+// execStream is one interactive exec over one WebSocket.
+//
+// Goroutines: run (the handler's own: starts the exec, pumps its output,
+// ends the stream), the reader (every client frame), the stdin worker
+// (WriteStdin and CloseStdin in order), control (the start timeout, the
+// exec's deadline, the shutdown), the pinger, and one per kill frame. run
+// waits for all of them before it returns.
+type execStream struct {
+	s    *Server
+	conn *websocket.Conn
+	sess sandbox.Session
+	rs   *reqState
+
+	// ctx lives as long as the stream; cancelled when it aborts or ends,
+	// it stops the goroutines and a Next, WriteStdin or CloseStdin in
+	// progress.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// ioCtx bounds the connection's reads and writes: coder/websocket
+	// closes a connection whose I/O context ends, so cancelling it drops
+	// the connection.
+	ioCtx  context.Context
+	dropIO context.CancelFunc
+
+	startCh     chan api.ExecRequest // the start frame, from the reader
+	startedCh   chan struct{}        // closed by run once ExecStart returned; h is set before
+	startedOnce sync.Once
+	h           sandbox.ExecHandle
+	requested   time.Duration
+	began       time.Time
+	queue       *stdinQueue
+	outBuf      []byte // the pump's frame buffer
+
+	wg    sync.WaitGroup // reader, control, pinger, stdin worker
+	kills sync.WaitGroup // kill frames in progress
+
+	mu           sync.Mutex
+	ended        bool // the stream's end is decided: no new kill goroutine, no abort
+	abort        abortKind
+	abortMsg     string
+	deadline     *time.Timer // the requested timeout; nil before the start
+	deadlineHit  bool        // the server killed the exec at its deadline
+	clientKilled bool        // a kill frame came first: the deadline no longer applies
+	shutdownHit  bool        // the server killed the exec at shutdown
+	dropTimers   []*time.Timer
+
+	wmu       sync.Mutex // serialises frames so that the final one is last
+	finalSent bool
+
+	gotStart    atomic.Bool
+	ending      atomic.Bool  // the exec is being killed or has ended: back-pressure no longer excuses a silent client
+	writing     atomic.Bool  // a frame write is in progress
+	bytesAtPong atomic.Int64 // bytesOut when the last pong's ping was sent
+	readerWaits atomic.Bool  // the reader waits for room in the stdin queue
+	bytesIn     atomic.Int64
+	bytesOut    atomic.Int64
+	outLen      atomic.Int64
+	errLen      atomic.Int64
+}
+
+func newExecStream(s *Server, conn *websocket.Conn, sess sandbox.Session, rs *reqState) *execStream {
+	st := &execStream{
+		s: s, conn: conn, sess: sess, rs: rs,
+		startCh:   make(chan api.ExecRequest),
+		startedCh: make(chan struct{}),
+		queue:     newStdinQueue(stdinQueueBytes),
+	}
+	st.ctx, st.cancel = context.WithCancel(context.Background())
+	st.ioCtx, st.dropIO = context.WithCancel(context.Background())
+	return st
+}
+
+// run serves the stream to its end and returns once every goroutine of the
+// stream has returned. A panic in a provider call it makes (ExecStart,
+// Next) ends the stream with an internal error; it is logged with the
+// route.
+func (st *execStream) run() {
+	defer func() {
+		if p := recover(); p != nil {
+			st.logPanic("run", p)
+			st.abortWith(abortInternal, "")
+			st.closeStarted()
+			st.end(terminal{}, st.h != nil)
+		}
+	}()
+	st.conn.SetReadLimit(api.MaxClientFrame)
+	st.goSafe("reader", st.readLoop)
+	st.goSafe("control", st.control)
+	st.goSafe("pinger", st.pinger)
+
+	var req api.ExecRequest
+	select {
+	case req = <-st.startCh:
+	case <-st.ctx.Done():
+		st.closeStarted()
+		st.end(terminal{}, false)
+		return
+	}
+	st.requested = api.Seconds(req.TimeoutSeconds)
+	h, err := st.sess.ExecStart(st.ctx, req.Argv, sandbox.StartOptions{
+		Cwd:     req.Cwd,
+		Env:     sandbox.SecretEnv(req.Env),
+		Timeout: safetyTimeout(st.requested),
+	})
+	if err != nil {
+		st.closeStarted()
+		st.end(terminal{err: err}, false)
+		return
+	}
+	st.h = h
+	st.began = time.Now()
+	st.s.met.execsStarted.WithLabelValues(modeStream).Inc()
+	st.mu.Lock()
+	st.deadline = time.NewTimer(st.requested)
+	st.mu.Unlock()
+	_ = st.sendJSON(api.Frame{Type: api.FrameStarted}, false) // a dead connection shows in the reader and the pump
+	// The client reads "started" before anything else it may leave unread:
+	// from here on, frames sent and unanswered pings mean a paused reader.
+	st.bytesAtPong.Store(st.bytesOut.Load())
+	st.closeStarted()
+	st.goSafe("stdin", st.stdinWorker)
+
+	term, aborted := st.pump()
+	if aborted {
+		st.killExec()
+		if term = st.drain(); errors.Is(term.err, context.DeadlineExceeded) {
+			st.s.log.Warn("interactive exec: the output did not end within the drain timeout after the kill",
+				"request_id", st.rs.id, "session_id", st.rs.sessionID, "drain_timeout", drainTimeout.String())
+		}
+	}
+	st.end(term, true)
+}
+
+// closeStarted tells the reader that ExecStart returned (once).
+func (st *execStream) closeStarted() {
+	st.startedOnce.Do(func() { close(st.startedCh) })
+}
+
+// safetyTimeout is the provider's timeout behind the server's own deadline.
+func safetyTimeout(d time.Duration) time.Duration {
+	if d <= 0 {
+		return d // the sandbox refuses it with its own error
+	}
+	if d > (math.MaxInt64-safetyMargin)/2 {
+		return math.MaxInt64
+	}
+	return 2*d + safetyMargin
+}
+
+// pump forwards the exec's output until its end. aborted means the stream
+// was aborted (ctx) before the end: the caller kills and drains. Once it
+// has the terminal item the end is decided: a deadline that fires now
+// changes nothing.
+func (st *execStream) pump() (_ terminal, aborted bool) {
+	for {
+		item, err := st.h.Next(st.ctx)
+		if err != nil {
+			if st.ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+				return terminal{}, true
+			}
+			st.markEnded()
+			return terminal{err: err}, false
+		}
+		switch it := item.(type) {
+		case *sandbox.StreamChunk:
+			st.count(it)
+			if err := st.sendChunk(it); err != nil {
+				st.abortWith(abortGone, "")
+				return terminal{}, true
+			}
+		case *sandbox.StreamExit:
+			st.markEnded()
+			return terminal{exit: it}, false
+		default:
+			st.markEnded()
+			return terminal{err: fmt.Errorf("server: the provider's stream yielded %T, neither a chunk nor the exit", item)}, false
+		}
+	}
+}
+
+func (st *execStream) markEnded() {
+	st.mu.Lock()
+	st.ended = true
+	st.mu.Unlock()
+	st.ending.Store(true)
+}
+
+// drain reads the stream to its end after a kill, so that the provider
+// frees everything; the output is counted, not sent.
+func (st *execStream) drain() terminal {
+	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
+	for {
+		item, err := st.h.Next(ctx)
+		if err != nil {
+			return terminal{err: err}
+		}
+		switch it := item.(type) {
+		case *sandbox.StreamChunk:
+			st.count(it)
+		case *sandbox.StreamExit:
+			return terminal{exit: it}
+		default:
+			return terminal{err: fmt.Errorf("server: the provider's stream yielded %T, neither a chunk nor the exit", item)}
+		}
+	}
+}
+
+func (st *execStream) count(c *sandbox.StreamChunk) {
+	if c.Stream == sandbox.Stderr {
+		st.errLen.Add(int64(len(c.Data)))
+		st.s.met.streamed(dirStderr, len(c.Data))
+	} else {
+		st.outLen.Add(int64(len(c.Data)))
+		st.s.met.streamed(dirStdout, len(c.Data))
+	}
+}
+
+// abortWith records the first abort and stops the stream's work; a client
+// that is gone loses its connection at once, any other abort bounds the
+// last frame by closeTimeout. It reports whether this call aborted.
+func (st *execStream) abortWith(kind abortKind, msg string) bool {
+	st.mu.Lock()
+	if st.ended || st.abort != abortNone {
+		st.mu.Unlock()
+		return false
+	}
+	st.abort, st.abortMsg = kind, msg
+	st.mu.Unlock()
+	st.ending.Store(true)
+	st.cancel()
+	if kind == abortGone {
+		st.dropIO()
+	} else {
+		st.addDropTimer(closeTimeout) // a pump blocked on a client that does not read
+	}
+	return true
+}
+
+func (st *execStream) addDropTimer(d time.Duration) {
+	t := time.AfterFunc(d, st.dropIO)
+	st.mu.Lock()
+	st.dropTimers = append(st.dropTimers, t)
+	st.mu.Unlock()
+}
+
+// violate ends the stream for a protocol violation: error frame
+// bad_request, exec killed, close 1008. kill is true only where st.h may
+// be read (the reader after the start).
+func (st *execStream) violate(msg string, kill bool) {
+	if !st.abortWith(abortViolation, msg) {
+		return
+	}
+	if kill {
+		st.killExec()
+	}
+}
+
+// killExec kills the exec, bounded by killTimeout; a failure, or a panic
+// of the provider's Kill, is logged.
+func (st *execStream) killExec() {
+	defer func() {
+		if p := recover(); p != nil {
+			st.logPanic("kill", p)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
+	defer cancel()
+	if err := st.h.Kill(ctx); err != nil {
+		st.s.log.Warn("interactive exec: kill failed", "request_id", st.rs.id, "session_id", st.rs.sessionID, "err", err)
+	}
+}
+
+// goSafe runs f in a goroutine of the stream; a panic aborts the stream
+// (internal) instead of crashing the daemon, and is logged with the route.
+func (st *execStream) goSafe(name string, f func()) {
+	st.wg.Add(1)
+	go func() {
+		defer st.wg.Done()
+		defer st.recoverPanic(name)
+		f()
+	}()
+}
+
+func (st *execStream) recoverPanic(name string) {
+	if p := recover(); p != nil {
+		st.logPanic(name, p)
+		st.abortWith(abortInternal, "")
+	}
+}
+
+// logPanic logs a panic with the route and the stack, never its value
+// (which may quote request data).
+func (st *execStream) logPanic(where string, p any) {
+	st.s.log.Error("panic serving an interactive exec", "request_id", st.rs.id, "route", st.rs.route,
+		"goroutine", where, "panic_type", fmt.Sprintf("%T", p), "stack", string(debug.Stack()))
+}
