@@ -1,0 +1,118 @@
+package client_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/client"
+	"github.com/tai42/sandbox/provider/host"
+	"github.com/tai42/sandbox/sandboxtest"
+	"github.com/tai42/sandbox/server"
+)
+
+const conformanceToken = "tai42-conformance-token"
+
+// serveHost serves a fresh host runner through the daemon's HTTP API on
+// loopback and returns the daemon's URL. Everything is torn down at
+// cleanup: the server, then the sandbox (every session it still holds).
+func serveHost(t *testing.T, cfg sandboxtest.Config) string {
+	t.Helper()
+	sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: cfg.Policy, ReapInterval: cfg.ReapInterval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sb.Close(context.Background()); err != nil {
+			t.Errorf("closing the host sandbox: %v", err)
+		}
+	})
+	srv, err := server.New(sb, server.Options{Token: conformanceToken, Policy: cfg.Policy, Provider: host.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv)
+	t.Cleanup(ts.Close)
+	return ts.URL
+}
+
+// TestConformance runs the whole contract suite against the host runner
+// served by the daemon's HTTP API, through the client: every clause holds
+// over the wire. Options are the host runner's (see its own conformance
+// test).
+func TestConformance(t *testing.T) {
+	opts := sandboxtest.Options{
+		Image:                           host.Image,
+		Isolation:                       sandbox.IsolationNone,
+		Networks:                        []sandbox.Network{sandbox.NetworkEgress},
+		Durable:                         true,
+		AbsoluteOutsideWorkspaceRefused: true,
+		KillStopsLeftovers:              true,
+	}
+	if os.Geteuid() == 0 {
+		opts.Networks = append(opts.Networks, sandbox.NetworkNone)
+		opts.Caps = true
+	} else {
+		t.Log("not root: network none and caps are checked as rejected, not as enforced")
+	}
+	sandboxtest.Run(t, func(t *testing.T, cfg sandboxtest.Config) sandbox.Sandbox {
+		c := client.New(serveHost(t, cfg), conformanceToken)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}, opts)
+}
+
+// Over the wire, Kill returns promptly while the handle's output queue is
+// full and nobody reads; a handle abandoned after Kill frees its reader and
+// connection on its own (goleak checks it at the end of the package), and
+// one that is read yields the output received, then the kill's exit.
+func TestKillUnreadOutput(t *testing.T) {
+	policy := sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationNone, Durable: true}
+	c := client.New(serveHost(t, sandboxtest.Config{Policy: policy}), conformanceToken)
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	sess, err := c.CreateSession(ctx, sandbox.SessionSpec{Image: host.Image, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sess.Destroy(context.Background()) })
+	for _, read := range []bool{false, true} {
+		h, err := sess.ExecStart(ctx, []string{"sh", "-c", "head -c 67108864 /dev/zero; sleep 30"}, sandbox.StartOptions{Timeout: 40 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second) // every buffer on the way fills up
+		kctx, kcancel := context.WithTimeout(ctx, 5*time.Second)
+		begin := time.Now()
+		err = h.Kill(kctx)
+		kcancel()
+		if err != nil || time.Since(begin) > 3*time.Second {
+			t.Fatalf("Kill with 64 MiB unread: %v after %v; want nil, promptly", err, time.Since(begin))
+		}
+		if !read {
+			continue // abandoned: goleak checks that nothing of it is left
+		}
+		var n int
+		for {
+			item, err := h.Next(ctx)
+			if err != nil {
+				t.Fatalf("Next after Kill: %v (after %d bytes); want the output, then the exit", err, n)
+			}
+			if chunk, ok := item.(*sandbox.StreamChunk); ok {
+				n += len(chunk.Data)
+				continue
+			}
+			if exit := item.(*sandbox.StreamExit); exit.ExitCode != 137 {
+				t.Errorf("StreamExit %d; want 137, the kill's", exit.ExitCode)
+			}
+			break
+		}
+		if n < client.StreamBuffer {
+			t.Errorf("%d bytes yielded after Kill; want at least the %d the client had queued", n, client.StreamBuffer)
+		}
+	}
+}

@@ -1,0 +1,41 @@
+// Package client is the Go client of the TAI42 Sandbox HTTP API: a
+// [sandbox.Sandbox] whose sessions and exec handles live in a daemon
+// (tai42 serve) reached over HTTP, HTTPS or a unix socket.
+//
+//	c := client.New("http://127.0.0.1:4242", token)
+//	defer c.Close()
+//	sess, err := c.CreateSession(ctx, spec)
+//
+// Every method of the contract keeps its contract over the wire, and the
+// client passes the conformance suite (package sandboxtest) against the
+// daemon. Sessions also implement [sandbox.FileStreamer], so files move
+// without being held whole in memory.
+//
+// # Errors
+//
+// Every error a method returns belongs to the sandbox family
+// (errors.Is(err, sandbox.ErrSandbox)). An error the daemon answers is
+// rebuilt with [api.Error.Err] into the contract's own type with every field
+// (a *sandbox.SessionNotFoundError with its SessionID, a
+// *sandbox.ExecTimeoutError with its lengths and timeout, ...); an answer
+// that is not an API error body is a *sandbox.SandboxError naming the HTTP
+// status. A daemon that cannot be reached gives a *sandbox.SandboxError
+// saying so, whose cause is the network error. A call whose context ends
+// returns a *sandbox.SandboxError that also matches ctx.Err() with
+// errors.Is. The bearer token and env values never appear in an error.
+//
+// # Interactive execs
+//
+// [sandbox.Session.ExecStart] opens one WebSocket per exec (subprotocol
+// [api.ExecSubprotocol]). A reader goroutine per handle takes the daemon's
+// frames in: output chunks and the stream's last frame go to an output
+// queue bounded at [StreamBuffer] bytes (when it is full the reader stops
+// reading, which back-pressures the daemon and the exec); acknowledgements
+// of stdin writes, close_stdin and kill complete their requests at once.
+// Once a kill is on its way, or the session was destroyed through this
+// client, the bound is lifted: the exec is ending and its remaining output
+// is finite, so the kill's acknowledgement behind it is always read, and
+// Kill returns promptly even when nobody calls Next. The reader goroutine
+// ends and the connection closes as soon as the stream's last frame has
+// arrived (or the connection is lost); the queue stays readable by Next.
+package client
