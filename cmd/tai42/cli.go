@@ -17,6 +17,10 @@ type cli struct {
 	stderr    io.Writer
 	lookupEnv func(string) (string, bool)
 	signals   <-chan os.Signal // nil: never interrupted
+
+	// remote is the daemon the command talks to, once dialled: errors
+	// from it are explained with where its address and token came from.
+	remote *remote
 }
 
 // run is the CLI without signal handling: args are the arguments after the
@@ -66,7 +70,15 @@ func (c *cli) rootCmd() *cobra.Command {
 
 "tai42 run" creates a session on the embedded provider (the host runner),
 runs one command in it with your terminal's stdin, stdout and stderr
-streamed, exits with the command's exit code, and destroys the session.`,
+streamed, exits with the command's exit code, and destroys the session.
+
+"tai42 serve" runs the daemon: sessions over an HTTP API, for programs in
+any language and for the client commands (create, ls, exec, shell, cp,
+touch, rm, reap, and run), which find it through $TAI42_URL and
+$TAI42_TOKEN (or --url and --token).
+
+Commands that print data print a table or plain lines for people, and JSON
+with --json for programs.`,
 		Example: `  # Run a command with no network (the default) and get its exit code
   tai42 run -- sh -c 'echo hello; exit 7'; echo $?
 
@@ -80,13 +92,27 @@ streamed, exits with the command's exit code, and destroys the session.`,
   tai42 run --persistent notes -- sh -c 'date >> log.txt; cat log.txt'
 
   # Allow outbound network, cap CPU and memory, limit the run to 5 minutes
-  tai42 run --network egress --cpu 1 --memory-mb 512 --timeout 5m -- make test`,
+  tai42 run --network egress --cpu 1 --memory-mb 512 --timeout 5m -- make test
+
+  # A daemon, and a session that outlives one command
+  tai42 serve &                          # prints: tai42: listening on 127.0.0.1:4242 ...
+  export TAI42_URL=127.0.0.1:4242        # the token is read from the state directory
+  id=$(tai42 create --ttl 1h)
+  tai42 cp ./src.tgz "$id":src.tgz
+  tai42 exec "$id" -- tar xzf src.tgz
+  tai42 shell "$id"
+  tai42 rm "$id"`,
 		Version:       versionLine(),
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
-	root.AddCommand(c.runCmd(), c.versionCmd())
+	root.AddCommand(
+		c.runCmd(), c.serveCmd(),
+		c.createCmd(), c.lsCmd(), c.execCmd(), c.shellCmd(), c.cpCmd(),
+		c.touchCmd(), c.rmCmd(), c.reapCmd(),
+		c.versionCmd(),
+	)
 	return root
 }
 

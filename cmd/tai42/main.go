@@ -1,6 +1,9 @@
 // Command tai42 is the TAI42 sandbox CLI: "tai42 run" runs one command in a
-// disposable sandbox session of the embedded host provider, streaming the
-// terminal's stdin, stdout and stderr, and exits with the command's code.
+// disposable sandbox session of the embedded host provider (or of a daemon),
+// streaming the terminal's stdin, stdout and stderr, and exits with the
+// command's code; "tai42 serve" is the daemon, serving sessions over HTTP;
+// "tai42 create", "ls", "exec", "shell", "cp", "touch", "rm" and "reap" are
+// its client.
 package main
 
 import (

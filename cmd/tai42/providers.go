@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/tai42/sandbox"
@@ -18,6 +19,13 @@ type providerConfig struct {
 	stateDir     string
 	policy       sandbox.Policy
 	reapInterval time.Duration
+	// execTimeout is the default exec timeout; 0: the kit's (60s).
+	execTimeout time.Duration
+	// maxOutputBytes bounds each stream a non-interactive exec holds in
+	// memory; 0: the provider's default.
+	maxOutputBytes int64
+	// logger receives the provider's lifecycle events; nil discards them.
+	logger *slog.Logger
 }
 
 // closableSandbox is a provider that must be closed when done (a kit-built
@@ -37,9 +45,12 @@ type embeddedProvider struct {
 var embeddedProviders = []embeddedProvider{
 	{name: host.Name, open: func(c providerConfig) (closableSandbox, error) {
 		return host.New(host.Options{
-			StateDir:     c.stateDir,
-			Policy:       c.policy,
-			ReapInterval: c.reapInterval,
+			StateDir:           c.stateDir,
+			Policy:             c.policy,
+			ReapInterval:       c.reapInterval,
+			ExecDefaultTimeout: c.execTimeout,
+			MaxOutputBytes:     c.maxOutputBytes,
+			Logger:             c.logger,
 		})
 	}},
 }

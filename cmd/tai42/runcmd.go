@@ -1,12 +1,16 @@
 package main
 
 import (
+	"fmt"
+
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // runCmd is "tai42 run [flags] -- CMD [ARGS...]".
 func (c *cli) runCmd() *cobra.Command {
 	var f runFlags
+	var rf remoteFlags
 	cmd := &cobra.Command{
 		Use:   "run [flags] -- CMD [ARGS...]",
 		Short: "Run one command in a new sandbox session",
@@ -21,6 +25,11 @@ all the provider can honour; --policy-egress, --policy-isolation and
 State (workspaces, persistent keys) lives in --state-dir, else
 $TAI42_STATE_DIR, else $XDG_STATE_HOME/tai42, else ~/.local/state/tai42.
 
+With $TAI42_URL (or --url) set, the session is created on that daemon
+("tai42 serve") instead, with $TAI42_TOKEN (or --token) as the token; the
+policy, provider and state directory are then the daemon's, and the
+--policy-*, --provider and --state-dir flags are refused.
+
 Exit codes: CMD's own; 124 when CMD exceeded --timeout (the partial output's
 lengths are printed); 2 for a usage error, a rejected spec or an unknown
 provider; 1 for another sandbox error; 128+N when tai42 got signal N
@@ -31,7 +40,8 @@ provider; 1 for another sandbox error; 128+N when tai42 got signal N
   tai42 run --put ./data.csv:in/data.csv --workdir in -- wc -l data.csv
   tai42 run --persistent myproj --ttl 1h --timeout 30m -- make
   tai42 run --network egress -- curl -sI https://example.com
-  tai42 run --policy-egress none --network egress -- true   # rejected, exit 2`,
+  tai42 run --policy-egress none --network egress -- true   # rejected, exit 2
+  TAI42_URL=http://127.0.0.1:4242 tai42 run -- uname -a    # on a daemon`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f.timeoutSet = cmd.Flags().Changed("timeout")
@@ -39,7 +49,11 @@ provider; 1 for another sandbox error; 128+N when tai42 got signal N
 			if err != nil {
 				return &exitError{code: errorExitCode(err), err: err}
 			}
-			if code := c.execute(p); code != exitOK {
+			rem, err := c.runRemote(cmd.Flags(), rf)
+			if err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			if code := c.runPlan(p, rem); code != exitOK {
 				return &exitError{code: code}
 			}
 			return nil
@@ -48,23 +62,50 @@ provider; 1 for another sandbox error; 128+N when tai42 got signal N
 	fl := cmd.Flags()
 	// Everything from CMD on is CMD's: "tai42 run sh -c ..." needs no "--".
 	fl.SetInterspersed(false)
+	addSessionFlags(fl, &f)
+	fl.DurationVar(&f.timeout, "timeout", 0, "kill CMD after this Go duration, > 0 (default: the provider's exec default, 60s)")
+	fl.StringVarP(&f.workdir, "workdir", "w", "", "CMD's working directory, relative to the workspace; it must exist (default: the workspace)")
+	fl.StringArrayVar(&f.puts, "put", nil, "copy a local file into the workspace before CMD runs: `LOCAL[:REMOTE]`, split at the first ':'; REMOTE defaults to LOCAL's base name (repeatable)")
+	fl.BoolVarP(&f.noStdin, "no-stdin", "n", false, "give CMD an empty stdin instead of streaming this one")
+	fl.StringVar(&f.provider, "provider", defaultProvider, "sandbox provider to run on (embedded only)")
+	fl.StringVar(&f.stateDir, "state-dir", "", "state directory (embedded only; default: $"+stateDirEnv+", else $XDG_STATE_HOME/tai42, else ~/.local/state/tai42)")
+	fl.StringVar(&f.policyEgress, "policy-egress", string(defaultPolicy.Egress), "policy: the loosest network a session may have (none, internal, egress; embedded only)")
+	fl.StringVar(&f.policyIsolation, "policy-isolation", string(defaultPolicy.Isolation), "policy: the weakest isolation a session may have (none, container, vm; embedded only)")
+	fl.BoolVar(&f.policyDurable, "policy-durable", defaultPolicy.Durable, "policy: allow persistent sessions (--policy-durable=false forbids them; embedded only)")
+	addRemoteFlags(fl, &rf)
+	return cmd
+}
+
+// addSessionFlags registers the flags that shape a session, shared by
+// "tai42 run" and "tai42 create".
+func addSessionFlags(fl *pflag.FlagSet, f *runFlags) {
 	fl.StringVar(&f.image, "image", defaultImage, "image the session runs (the host provider honours only \"host\")")
 	fl.StringVar(&f.network, "network", defaultNetwork, "network tier: none (loopback only), internal or egress")
 	fl.StringVar(&f.isolation, "isolation", "", "isolation tier: none, container or vm (default: the provider's own)")
-	fl.DurationVar(&f.ttl, "ttl", defaultTTL, "session life, a Go duration rounded up to whole seconds, at least 1s; a command still running when it ends is killed")
-	fl.DurationVar(&f.timeout, "timeout", 0, "kill CMD after this Go duration, > 0 (default: the provider's exec default, 60s)")
-	fl.StringArrayVarP(&f.env, "env", "e", nil, "set K=V in CMD's environment, or K to pass the caller's K (repeatable; values are never printed)")
-	fl.StringVarP(&f.workdir, "workdir", "w", "", "CMD's working directory, relative to the workspace; it must exist (default: the workspace)")
-	fl.StringVar(&f.persistent, "persistent", "", "make the session persistent with workspace key `KEY` (files survive between runs)")
-	fl.StringArrayVar(&f.puts, "put", nil, "copy a local file into the workspace before CMD runs: `LOCAL[:REMOTE]`, split at the first ':'; REMOTE defaults to LOCAL's base name (repeatable)")
+	fl.DurationVar(&f.ttl, "ttl", defaultTTL, "session life, a Go duration rounded up to whole seconds, at least 1s; when it ends the session is destroyed and what runs in it killed")
+	fl.StringArrayVarP(&f.env, "env", "e", nil, "set K=V in the session's environment, or K to pass the caller's K (repeatable; values are never printed)")
+	fl.StringVar(&f.persistent, "persistent", "", "make the session persistent with workspace key `KEY` (its files outlive it)")
 	fl.Float64Var(&f.cpu, "cpu", 0, "cap the session at N CPUs (0: no cap)")
 	fl.IntVar(&f.memoryMB, "memory-mb", 0, "cap the session's memory at N MiB (0: no cap)")
 	fl.StringArrayVarP(&f.labels, "label", "l", nil, "tag the session with K=V (repeatable)")
-	fl.StringVar(&f.provider, "provider", defaultProvider, "sandbox provider to run on")
-	fl.StringVar(&f.stateDir, "state-dir", "", "state directory (default: $"+stateDirEnv+", else $XDG_STATE_HOME/tai42, else ~/.local/state/tai42)")
-	fl.BoolVarP(&f.noStdin, "no-stdin", "n", false, "give CMD an empty stdin instead of streaming this one")
-	fl.StringVar(&f.policyEgress, "policy-egress", string(defaultPolicy.Egress), "policy: the loosest network a session may have (none, internal, egress)")
-	fl.StringVar(&f.policyIsolation, "policy-isolation", string(defaultPolicy.Isolation), "policy: the weakest isolation a session may have (none, container, vm)")
-	fl.BoolVar(&f.policyDurable, "policy-durable", defaultPolicy.Durable, "policy: allow persistent sessions (--policy-durable=false forbids them)")
-	return cmd
+}
+
+// embeddedOnlyFlags are the flags of "tai42 run" that shape the embedded
+// provider, not a session: a daemon has its own.
+var embeddedOnlyFlags = []string{"policy-egress", "policy-isolation", "policy-durable", "provider", "state-dir"}
+
+// runRemote returns the daemon "tai42 run" uses, or nil for the embedded
+// provider. Given a daemon, a flag of embeddedOnlyFlags is a usage error:
+// the policy, the provider and the state directory are the daemon's.
+func (c *cli) runRemote(fl *pflag.FlagSet, rf remoteFlags) (*remote, error) {
+	r, ok, err := c.resolveRemote(rf)
+	if err != nil || !ok {
+		return nil, err
+	}
+	for _, name := range embeddedOnlyFlags {
+		if fl.Changed(name) {
+			return nil, fmt.Errorf("--%s does not apply to a daemon (%s names one): the policy, the provider and the state directory are the daemon's, set by `tai42 serve`; to run on the embedded provider, leave --url out and set %s empty", name, r.urlFrom, urlEnv)
+		}
+	}
+	return &r, nil
 }

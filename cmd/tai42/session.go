@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/kit"
 )
 
 // cleanupTimeout bounds the teardown (kill, destroy, close) of one run.
@@ -25,61 +25,44 @@ type localFile struct {
 	data   []byte
 }
 
-// execute runs a validated plan and returns the exit code. The session is
-// destroyed and the sandbox closed before it returns, whatever happened.
-func (c *cli) execute(p plan) int {
+// runPlan runs a validated plan and returns the exit code: on the daemon
+// of rem when it is non-nil, else on the embedded provider. The session is
+// destroyed (and an embedded sandbox closed) before it returns, whatever
+// happened.
+func (c *cli) runPlan(p plan, rem *remote) int {
 	files, err := readPuts(p.puts)
 	if err != nil {
 		return c.fail(err)
 	}
+	ctx, in, stop := c.interruptible()
+	defer stop()
+
+	if rem != nil {
+		cl, err := c.dial(*rem)
+		if err != nil {
+			return c.fail(err)
+		}
+		defer cl.Close()
+		return c.execute(ctx, in, cl, p, files)
+	}
+
 	stateDir, err := resolveStateDir(p.stateDir, c.lookupEnv)
 	if err != nil {
 		return c.fail(usagef(err))
 	}
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	// A signal cancels ctx; caught records which, so the run ends 128+sig.
-	var caught atomic.Int32
-	if c.signals != nil {
-		stop := make(chan struct{})
-		defer close(stop)
-		go func() {
-			select {
-			case s := <-c.signals:
-				if sig, ok := s.(syscall.Signal); ok {
-					caught.Store(int32(sig))
-				} else {
-					caught.Store(int32(syscall.SIGTERM))
-				}
-				cancel()
-			case <-stop:
-			}
-		}()
-	}
-	interrupted := func() (int, bool) {
-		if sig := caught.Load(); sig != 0 {
-			return signalExit(syscall.Signal(sig)), true
-		}
-		return 0, false
-	}
-	// Teardown runs under its own bounded context, never the cancelled one.
-	cleanupCtx := func() (context.Context, context.CancelFunc) {
-		return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	}
-
 	sb, closeSB, err := openProvider(p.provider, providerConfig{stateDir: stateDir, policy: p.policy, reapInterval: cliReapInterval})
 	if err != nil {
 		return c.fail(err)
 	}
 	defer func() {
-		cctx, done := cleanupCtx()
+		cctx, done := cleanupContext(ctx)
 		defer done()
 		if err := closeSB(cctx); err != nil {
 			c.warn(err)
 		}
 	}()
-
+	// The kit's ledger keeps one live session per persistent key within
+	// this process; the lock keeps it across tai42 processes.
 	if p.spec.Durability == sandbox.Persistent && p.policy.Durable {
 		lock, err := lockWorkspaceKey(stateDir, p.spec.WorkspaceKey)
 		if err != nil {
@@ -87,31 +70,37 @@ func (c *cli) execute(p plan) int {
 		}
 		defer lock.Close()
 	}
+	return c.execute(ctx, in, sb, p, files)
+}
 
+// execute runs a plan on sb: it creates the session, copies the files in,
+// runs the command interactively and destroys the session, whatever
+// happened. A signal (which cancels ctx) ends it with 128+sig.
+func (c *cli) execute(ctx context.Context, in *interruption, sb sandbox.Sandbox, p plan, files []localFile) int {
 	sess, err := sb.CreateSession(ctx, p.spec)
 	if err != nil {
-		if code, ok := interrupted(); ok {
+		if code, ok := in.code(); ok {
 			return code
 		}
 		return c.fail(err)
 	}
 	defer func() {
-		cctx, done := cleanupCtx()
+		cctx, done := cleanupContext(ctx)
 		defer done()
 		if err := sess.Destroy(cctx); err != nil {
-			c.warn(err)
+			c.warn(c.explain(err))
 		}
 	}()
-	if code, ok := interrupted(); ok {
+	if code, ok := in.code(); ok {
 		return code
 	}
 
 	for _, f := range files {
 		if err := sess.PutFile(ctx, f.remote, f.data); err != nil {
+			if code, ok := in.code(); ok {
+				return code
+			}
 			return c.fail(err)
-		}
-		if code, ok := interrupted(); ok {
-			return code
 		}
 	}
 
@@ -119,32 +108,49 @@ func (c *cli) execute(p plan) int {
 	if timeout <= 0 {
 		timeout = sb.ExecDefaultTimeout()
 	}
-	h, err := sess.ExecStart(ctx, p.argv, sandbox.StartOptions{Cwd: p.cwd, Timeout: timeout})
+	if timeout <= 0 {
+		// A client that could not learn its daemon's default.
+		timeout = kit.DefaultExecTimeout
+	}
+	return c.interact(ctx, in, sess, p.argv, sandbox.StartOptions{Cwd: p.cwd, Timeout: timeout}, p.noStdin)
+}
+
+// interact runs argv in sess as an interactive exec: c's stdin streamed to
+// it (unless noStdin), its stdout and stderr streamed back. It returns the
+// command's exit code, 124 on its timeout, 128+sig when a signal cancelled
+// ctx (the command is then killed and the output it wrote before the kill
+// still flushed), or the code of another error, printed. The exec is killed
+// before it returns, ending what the command left running.
+func (c *cli) interact(ctx context.Context, in *interruption, sess sandbox.Session, argv []string, opts sandbox.StartOptions, noStdin bool) int {
+	h, err := sess.ExecStart(ctx, argv, opts)
 	if err != nil {
+		if code, ok := in.code(); ok {
+			return code
+		}
 		return c.fail(err)
 	}
 	// A consumer done with a handle kills it: after the command's exit this
 	// ends what it left running in its process group.
 	defer func() {
-		cctx, done := cleanupCtx()
+		cctx, done := cleanupContext(ctx)
 		defer done()
 		_ = h.Kill(cctx)
 	}()
 
-	if p.noStdin || c.stdin == nil {
+	if noStdin || c.stdin == nil {
 		_ = h.CloseStdin(ctx)
 	} else {
 		// Not waited for: it may stay blocked reading a terminal or a pipe
 		// that never closes, and the command's exit must still end the run.
-		// ctx's cancel (deferred) unblocks a write in progress.
+		// ctx's cancel (the caller's) unblocks a write in progress.
 		go pumpStdin(ctx, c.stdin, h)
 	}
 
 	code, err := c.stream(ctx, h)
 	if err != nil {
-		if code, ok := interrupted(); ok {
+		if code, ok := in.code(); ok {
 			// Kill, then flush what the command wrote before the kill.
-			cctx, done := cleanupCtx()
+			cctx, done := cleanupContext(ctx)
 			defer done()
 			_ = h.Kill(cctx)
 			c.drain(cctx, h)
@@ -242,6 +248,7 @@ func readPuts(puts []putSpec) ([]localFile, error) {
 // fail prints err on stderr and returns its exit code. A timeout's message
 // carries the partial output's lengths, never its content.
 func (c *cli) fail(err error) int {
+	err = c.explain(err)
 	fmt.Fprintf(c.stderr, "tai42: %v\n", err)
 	return errorExitCode(err)
 }

@@ -72,20 +72,8 @@ func buildPlan(f runFlags, argv []string, lookupEnv func(string) (string, bool))
 	if len(argv) == 0 || argv[0] == "" {
 		return plan{}, usagef(errors.New("run: name a command to run after --, e.g. tai42 run -- echo hello"))
 	}
-	ttl, err := ttlSeconds(f.ttl)
-	if err != nil {
-		return plan{}, usagef(err)
-	}
 	if f.timeoutSet && f.timeout <= 0 {
 		return plan{}, usagef(fmt.Errorf("--timeout must be > 0, got %v", f.timeout))
-	}
-	env, err := parseEnv(f.env, lookupEnv)
-	if err != nil {
-		return plan{}, usagef(err)
-	}
-	labels, err := parseLabels(f.labels)
-	if err != nil {
-		return plan{}, usagef(err)
 	}
 	puts, err := parsePuts(f.puts)
 	if err != nil {
@@ -99,22 +87,8 @@ func buildPlan(f runFlags, argv []string, lookupEnv func(string) (string, bool))
 	if err := pol.Validate(); err != nil {
 		return plan{}, usagef(fmt.Errorf("--policy-%s", strings.TrimPrefix(err.Error(), "policy: ")))
 	}
-	spec := sandbox.SessionSpec{
-		Image:      f.image,
-		Durability: sandbox.Ephemeral,
-		Env:        env,
-		Network:    sandbox.Network(f.network),
-		Isolation:  sandbox.Isolation(f.isolation),
-		CPU:        f.cpu,
-		MemoryMB:   f.memoryMB,
-		TTLSeconds: ttl,
-		Labels:     labels,
-	}
-	if f.persistent != "" {
-		spec.Durability = sandbox.Persistent
-		spec.WorkspaceKey = f.persistent
-	}
-	if err := spec.Validate(); err != nil {
+	spec, err := buildSpec(f, lookupEnv)
+	if err != nil {
 		return plan{}, err
 	}
 	timeout := time.Duration(0)
@@ -132,6 +106,44 @@ func buildPlan(f runFlags, argv []string, lookupEnv func(string) (string, bool))
 		stateDir: f.stateDir,
 		noStdin:  f.noStdin,
 	}, nil
+}
+
+// buildSpec validates the session-shaping flags (those "tai42 run" and
+// "tai42 create" share) and builds the session spec. Every error is a
+// *usageError, or the spec's own *sandbox.SpecRejectedError; none shows an
+// env value.
+func buildSpec(f runFlags, lookupEnv func(string) (string, bool)) (sandbox.SessionSpec, error) {
+	ttl, err := ttlSeconds(f.ttl)
+	if err != nil {
+		return sandbox.SessionSpec{}, usagef(err)
+	}
+	env, err := parseEnv(f.env, lookupEnv)
+	if err != nil {
+		return sandbox.SessionSpec{}, usagef(err)
+	}
+	labels, err := parseLabels(f.labels)
+	if err != nil {
+		return sandbox.SessionSpec{}, usagef(err)
+	}
+	spec := sandbox.SessionSpec{
+		Image:      f.image,
+		Durability: sandbox.Ephemeral,
+		Env:        env,
+		Network:    sandbox.Network(f.network),
+		Isolation:  sandbox.Isolation(f.isolation),
+		CPU:        f.cpu,
+		MemoryMB:   f.memoryMB,
+		TTLSeconds: ttl,
+		Labels:     labels,
+	}
+	if f.persistent != "" {
+		spec.Durability = sandbox.Persistent
+		spec.WorkspaceKey = f.persistent
+	}
+	if err := spec.Validate(); err != nil {
+		return sandbox.SessionSpec{}, err
+	}
+	return spec, nil
 }
 
 // ttlSeconds rounds d up to whole seconds; d must be at least 1s.

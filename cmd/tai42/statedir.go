@@ -33,6 +33,14 @@ func resolveStateDir(flag string, lookupEnv func(string) (string, bool)) (string
 	return "", errors.New("cannot find a state directory: set --state-dir, " + stateDirEnv + ", XDG_STATE_HOME or HOME")
 }
 
+// mkdirPrivate creates dir and its missing parents, mode 0700.
+func mkdirPrivate(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("state directory: %w", err)
+	}
+	return nil
+}
+
 // lockWorkspaceKey takes an exclusive, non-blocking lock on a persistent
 // workspace key for this process, so that two tai42 processes sharing a
 // state directory never run two live sessions on one key (the kit's ledger
@@ -44,9 +52,24 @@ func lockWorkspaceKey(stateDir, key string) (*os.File, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("state directory: %w", err)
 	}
-	f, err := os.OpenFile(filepath.Join(dir, key+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := flock(filepath.Join(dir, key+".lock"))
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		return nil, &sandbox.SpecRejectedError{Field: "workspace_key", Reason: sandbox.ReasonConflict,
+			Message: fmt.Sprintf("persistent workspace %q is in use by another tai42 process; one live session per key", key)}
+	}
 	if err != nil {
-		return nil, fmt.Errorf("state directory: %w", err)
+		return nil, fmt.Errorf("locking workspace %q: %w", key, err)
+	}
+	return f, nil
+}
+
+// flock opens (creating) the lock file path and takes an exclusive,
+// non-blocking lock on it, held until the file is closed or the process
+// ends. A lock held elsewhere is syscall.EWOULDBLOCK.
+func flock(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
 	}
 	for {
 		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
@@ -56,11 +79,7 @@ func lockWorkspaceKey(stateDir, key string) (*os.File, error) {
 	}
 	if err != nil {
 		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, &sandbox.SpecRejectedError{Field: "workspace_key", Reason: sandbox.ReasonConflict,
-				Message: fmt.Sprintf("persistent workspace %q is in use by another tai42 process; one live session per key", key)}
-		}
-		return nil, fmt.Errorf("locking workspace %q: %w", key, err)
+		return nil, err
 	}
 	return f, nil
 }

@@ -1,0 +1,357 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+	"github.com/spf13/pflag"
+	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/api"
+	"github.com/tai42/sandbox/kit"
+	"github.com/tai42/sandbox/provider/host"
+)
+
+// configEnv names the variable that names the config file of "tai42 serve".
+const configEnv = "TAI42_CONFIG"
+
+// Defaults of "tai42 serve" beyond the kit's and the provider's.
+const (
+	defaultListen         = "127.0.0.1:4242"
+	defaultMaxBodyBytes   = 1 << 30
+	defaultShutdownGrace  = 10 * time.Second
+	defaultLogLevel       = "info"
+	defaultLogFormat      = "json"
+	defaultMaxOutputBytes = host.DefaultMaxOutputBytes
+)
+
+// serveFlags are the settings of "tai42 serve" as its flags hold them;
+// resolveServeConfig fills those not given as flags from the environment
+// and the config file.
+type serveFlags struct {
+	config          string
+	listen          string
+	stateDir        string
+	provider        string
+	token           string
+	tokenFile       string
+	tlsCert         string
+	tlsKey          string
+	execTimeout     time.Duration
+	reapInterval    time.Duration
+	shutdownGrace   time.Duration
+	maxBodyBytes    int64
+	maxOutputBytes  int64
+	policyEgress    string
+	policyIsolation string
+	policyDurable   bool
+	policyScrub     bool
+	logLevel        string
+	logFormat       string
+}
+
+// addServeFlags registers the flags of "tai42 serve" on fl.
+func addServeFlags(fl *pflag.FlagSet, f *serveFlags) {
+	fl.StringVar(&f.config, "config", "", "TOML config `FILE` (default: $"+configEnv+"; none when unset)")
+	fl.StringVar(&f.listen, "listen", defaultListen, "address to serve on: `HOST:PORT` (port 0 picks a free one) or unix:/PATH")
+	fl.StringVar(&f.stateDir, "state-dir", "", "state directory: workspaces, the token file (default: $"+stateDirEnv+", else $XDG_STATE_HOME/tai42, else ~/.local/state/tai42)")
+	fl.StringVar(&f.provider, "provider", defaultProvider, "sandbox provider to serve")
+	fl.StringVar(&f.token, "token", "", "the token clients must send (default: the token file; prefer $TAI42_TOKEN: a flag shows in ps)")
+	fl.StringVar(&f.tokenFile, "token-file", "", "read the token from this `FILE` (mode 0600) (default: <state-dir>/token, written at first start)")
+	fl.StringVar(&f.tlsCert, "tls-cert", "", "serve HTTPS with this PEM certificate `FILE` (with --tls-key)")
+	fl.StringVar(&f.tlsKey, "tls-key", "", "the PEM private key `FILE` of --tls-cert")
+	fl.DurationVar(&f.execTimeout, "exec-timeout", kit.DefaultExecTimeout, "the default exec timeout clients get")
+	fl.DurationVar(&f.reapInterval, "reap-interval", kit.DefaultReapInterval, "how often expired sessions are reaped")
+	fl.DurationVar(&f.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "on SIGTERM/SIGINT, how long requests in flight may finish")
+	fl.Int64Var(&f.maxBodyBytes, "max-body-bytes", defaultMaxBodyBytes, "the largest request body (a file put) accepted, in bytes")
+	fl.Int64Var(&f.maxOutputBytes, "max-output-bytes", defaultMaxOutputBytes, "the most output per stream a non-interactive exec holds in memory, in bytes")
+	fl.StringVar(&f.policyEgress, "policy-egress", string(defaultPolicy.Egress), "policy: the loosest network a session may have (none, internal, egress)")
+	fl.StringVar(&f.policyIsolation, "policy-isolation", string(defaultPolicy.Isolation), "policy: the weakest isolation a session may have (none, container, vm)")
+	fl.BoolVar(&f.policyDurable, "policy-durable", defaultPolicy.Durable, "policy: allow persistent sessions")
+	fl.BoolVar(&f.policyScrub, "policy-scrub-transcript", defaultPolicy.ScrubTranscript, "policy: tell consumers to scrub transcripts (carried, not enforced here)")
+	fl.StringVar(&f.logLevel, "log-level", defaultLogLevel, "log level: debug, info, warn or error")
+	fl.StringVar(&f.logFormat, "log-format", defaultLogFormat, "log format on stderr: json or text")
+}
+
+// setting ties a flag of "tai42 serve" to its environment variable and
+// its config file key.
+type setting struct {
+	flag string // the flag's name
+	env  string // the environment variable, "" for none
+	key  string // the config file key, dotted; "" for none
+}
+
+// serveSettings lists every setting of "tai42 serve" but --config. The token
+// has no config file key: a config file is no place for a secret (use
+// token_file).
+var serveSettings = []setting{
+	{"listen", "TAI42_LISTEN", "listen"},
+	{"state-dir", stateDirEnv, "state_dir"},
+	{"provider", "TAI42_PROVIDER", "provider"},
+	{"token", tokenEnv, ""},
+	{"token-file", "TAI42_TOKEN_FILE", "token_file"},
+	{"exec-timeout", "TAI42_EXEC_TIMEOUT", "exec_default_timeout"},
+	{"reap-interval", "TAI42_REAP_INTERVAL", "reap_interval"},
+	{"log-level", "TAI42_LOG_LEVEL", "log_level"},
+	{"log-format", "TAI42_LOG_FORMAT", "log_format"},
+	{"tls-cert", "TAI42_TLS_CERT", "tls.cert"},
+	{"tls-key", "TAI42_TLS_KEY", "tls.key"},
+	{"policy-egress", "TAI42_POLICY_EGRESS", "policy.egress"},
+	{"policy-isolation", "TAI42_POLICY_ISOLATION", "policy.isolation"},
+	{"policy-durable", "TAI42_POLICY_DURABLE", "policy.durable"},
+	{"policy-scrub-transcript", "TAI42_POLICY_SCRUB_TRANSCRIPT", "policy.scrub_transcript"},
+	{"max-body-bytes", "TAI42_MAX_BODY_BYTES", "limits.max_body_bytes"},
+	{"max-output-bytes", "TAI42_MAX_OUTPUT_BYTES", "limits.max_output_bytes"},
+	{"shutdown-grace", "TAI42_SHUTDOWN_GRACE", "limits.shutdown_grace"},
+}
+
+// fileConfig is the layout of the config file. A nil field, or an empty
+// string, is a key the file leaves unset.
+type fileConfig struct {
+	Listen             *string `toml:"listen"`
+	StateDir           *string `toml:"state_dir"`
+	Provider           *string `toml:"provider"`
+	TokenFile          *string `toml:"token_file"`
+	ExecDefaultTimeout *string `toml:"exec_default_timeout"`
+	ReapInterval       *string `toml:"reap_interval"`
+	LogLevel           *string `toml:"log_level"`
+	LogFormat          *string `toml:"log_format"`
+	TLS                struct {
+		Cert *string `toml:"cert"`
+		Key  *string `toml:"key"`
+	} `toml:"tls"`
+	Policy struct {
+		Egress          *string `toml:"egress"`
+		Isolation       *string `toml:"isolation"`
+		Durable         *bool   `toml:"durable"`
+		ScrubTranscript *bool   `toml:"scrub_transcript"`
+	} `toml:"policy"`
+	Limits struct {
+		MaxBodyBytes   *int64  `toml:"max_body_bytes"`
+		MaxOutputBytes *int64  `toml:"max_output_bytes"`
+		ShutdownGrace  *string `toml:"shutdown_grace"`
+	} `toml:"limits"`
+}
+
+// pathKeys are the config keys holding a path: a relative one is relative
+// to the config file's directory.
+var pathKeys = map[string]bool{"state_dir": true, "token_file": true, "tls.cert": true, "tls.key": true}
+
+// loadConfigFile reads the config file at path strictly (an unknown key is
+// an error naming it) and returns the values it sets, by key, as flag
+// text.
+func loadConfigFile(path string) (map[string]string, error) {
+	var fc fileConfig
+	md, err := toml.DecodeFile(path, &fc)
+	if err != nil {
+		return nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		keys := make([]string, len(und))
+		for i, k := range und {
+			keys[i] = k.String()
+		}
+		return nil, fmt.Errorf("config file %s: unknown key(s) %s (known: listen, state_dir, provider, token_file, exec_default_timeout, reap_interval, log_level, log_format, [tls] cert and key, [policy] egress, isolation, durable and scrub_transcript, [limits] max_body_bytes, max_output_bytes and shutdown_grace)",
+			path, strings.Join(keys, ", "))
+	}
+	out := map[string]string{}
+	str := func(key string, v *string) {
+		if v != nil && *v != "" {
+			out[key] = *v
+		}
+	}
+	str("listen", fc.Listen)
+	str("state_dir", fc.StateDir)
+	str("provider", fc.Provider)
+	str("token_file", fc.TokenFile)
+	str("exec_default_timeout", fc.ExecDefaultTimeout)
+	str("reap_interval", fc.ReapInterval)
+	str("log_level", fc.LogLevel)
+	str("log_format", fc.LogFormat)
+	str("tls.cert", fc.TLS.Cert)
+	str("tls.key", fc.TLS.Key)
+	str("policy.egress", fc.Policy.Egress)
+	str("policy.isolation", fc.Policy.Isolation)
+	str("limits.shutdown_grace", fc.Limits.ShutdownGrace)
+	for key, v := range map[string]*bool{"policy.durable": fc.Policy.Durable, "policy.scrub_transcript": fc.Policy.ScrubTranscript} {
+		if v != nil {
+			out[key] = strconv.FormatBool(*v)
+		}
+	}
+	for key, v := range map[string]*int64{"limits.max_body_bytes": fc.Limits.MaxBodyBytes, "limits.max_output_bytes": fc.Limits.MaxOutputBytes} {
+		if v != nil {
+			out[key] = strconv.FormatInt(*v, 10)
+		}
+	}
+	dir := filepath.Dir(path)
+	for key := range pathKeys {
+		if v, ok := out[key]; ok && !filepath.IsAbs(v) {
+			out[key] = filepath.Join(dir, v)
+		}
+	}
+	return out, nil
+}
+
+// serveConfig is the resolved, validated configuration of "tai42 serve".
+type serveConfig struct {
+	configFile     string // "" when none
+	listen         string
+	stateDir       string
+	provider       string
+	token          string // from --token or $TAI42_TOKEN; "" for a token file
+	tokenFile      string
+	tlsCert        string
+	tlsKey         string
+	execTimeout    time.Duration
+	reapInterval   time.Duration
+	shutdownGrace  time.Duration
+	maxBodyBytes   int64
+	maxOutputBytes int64
+	policy         sandbox.Policy
+	logLevel       slog.Level
+	logFormat      string
+}
+
+// resolveServeConfig resolves every setting of "tai42 serve": a flag given
+// on the command line wins, then its environment variable (an empty value
+// is unset), then the config file (--config, else $TAI42_CONFIG), then the
+// flag's default. The state directory falls back to resolveStateDir's
+// defaults last. The token and the token file are one setting: the one
+// from the higher source wins (both from one source is an error). Errors
+// name the flag, variable or key at fault, and never show the token.
+func resolveServeConfig(fl *pflag.FlagSet, f *serveFlags, lookupEnv func(string) (string, bool)) (serveConfig, error) {
+	if !fl.Changed("config") {
+		f.config, _ = lookupEnv(configEnv)
+	}
+	var file map[string]string
+	if f.config != "" {
+		var err error
+		if file, err = loadConfigFile(f.config); err != nil {
+			return serveConfig{}, err
+		}
+	}
+	// level records where each setting came from, to rank --token against
+	// --token-file, which are one setting under two names.
+	const (
+		fromDefault = iota
+		fromFile
+		fromEnv
+		fromFlag
+	)
+	level := map[string]int{}
+	for _, s := range serveSettings {
+		if fl.Changed(s.flag) {
+			level[s.flag] = fromFlag
+			continue
+		}
+		if v, ok := envValue(lookupEnv, s.env); ok {
+			if err := fl.Set(s.flag, v); err != nil {
+				return serveConfig{}, fmt.Errorf("$%s: %w", s.env, err)
+			}
+			level[s.flag] = fromEnv
+			continue
+		}
+		if v, ok := file[s.key]; ok {
+			if err := fl.Set(s.flag, v); err != nil {
+				return serveConfig{}, fmt.Errorf("config file %s: %s: %w", f.config, s.key, err)
+			}
+			level[s.flag] = fromFile
+		}
+	}
+	if f.token != "" && f.tokenFile != "" {
+		switch t, tf := level["token"], level["token-file"]; {
+		case t > tf:
+			f.tokenFile = ""
+		case t < tf:
+			f.token = ""
+		default:
+			return serveConfig{}, errors.New("both a token and a token file are given (--token and --token-file, or $TAI42_TOKEN and $TAI42_TOKEN_FILE): give one")
+		}
+	}
+	return f.validate(lookupEnv)
+}
+
+// envValue looks name up; an empty value, or no name, is unset.
+func envValue(lookupEnv func(string) (string, bool), name string) (string, bool) {
+	if name == "" {
+		return "", false
+	}
+	v, ok := lookupEnv(name)
+	return v, ok && v != ""
+}
+
+// validate checks the resolved flags and builds the configuration.
+func (f *serveFlags) validate(lookupEnv func(string) (string, bool)) (serveConfig, error) {
+	cfg := serveConfig{
+		configFile:     f.config,
+		listen:         f.listen,
+		provider:       f.provider,
+		token:          f.token,
+		tokenFile:      f.tokenFile,
+		tlsCert:        f.tlsCert,
+		tlsKey:         f.tlsKey,
+		execTimeout:    f.execTimeout,
+		reapInterval:   f.reapInterval,
+		shutdownGrace:  f.shutdownGrace,
+		maxBodyBytes:   f.maxBodyBytes,
+		maxOutputBytes: f.maxOutputBytes,
+		policy: sandbox.Policy{
+			Egress:          sandbox.Network(f.policyEgress),
+			Isolation:       sandbox.Isolation(f.policyIsolation),
+			Durable:         f.policyDurable,
+			ScrubTranscript: f.policyScrub,
+		},
+		logFormat: f.logFormat,
+	}
+	var err error
+	if cfg.stateDir, err = resolveStateDir(f.stateDir, lookupEnv); err != nil {
+		return serveConfig{}, err
+	}
+	switch {
+	case f.listen == "" || f.listen == "unix:":
+		return serveConfig{}, fmt.Errorf("listen: %q is no address (want HOST:PORT or unix:/PATH, e.g. 127.0.0.1:%d)", f.listen, api.DefaultPort)
+	case f.provider == "":
+		return serveConfig{}, errors.New("provider: empty (want a provider name, e.g. " + defaultProvider + ")")
+	case f.execTimeout <= 0:
+		return serveConfig{}, fmt.Errorf("exec timeout must be > 0, got %v", f.execTimeout)
+	case f.reapInterval <= 0:
+		return serveConfig{}, fmt.Errorf("reap interval must be > 0, got %v", f.reapInterval)
+	case f.shutdownGrace <= 0:
+		return serveConfig{}, fmt.Errorf("shutdown grace must be > 0, got %v", f.shutdownGrace)
+	case f.maxBodyBytes <= 0:
+		return serveConfig{}, fmt.Errorf("max body bytes must be > 0, got %d", f.maxBodyBytes)
+	case f.maxOutputBytes <= 0:
+		return serveConfig{}, fmt.Errorf("max output bytes must be > 0, got %d", f.maxOutputBytes)
+	case (f.tlsCert == "") != (f.tlsKey == ""):
+		return serveConfig{}, errors.New("TLS needs both a certificate and a key (--tls-cert and --tls-key), or neither")
+	case f.logFormat != "json" && f.logFormat != "text":
+		return serveConfig{}, fmt.Errorf("log format %q is not one of json, text", f.logFormat)
+	}
+	if err := cfg.logLevel.UnmarshalText([]byte(f.logLevel)); err != nil || !validLevel(f.logLevel) {
+		return serveConfig{}, fmt.Errorf("log level %q is not one of debug, info, warn, error", f.logLevel)
+	}
+	if err := cfg.policy.Validate(); err != nil {
+		return serveConfig{}, err
+	}
+	if cfg.token != "" {
+		if err := validToken(cfg.token); err != nil {
+			return serveConfig{}, fmt.Errorf("the token from --token or $%s: %w", tokenEnv, err)
+		}
+	}
+	return cfg, nil
+}
+
+// validLevel reports whether s is one of the four level names (slog also
+// takes offsets such as "info+2", which the flag does not).
+func validLevel(s string) bool {
+	switch strings.ToLower(s) {
+	case "debug", "info", "warn", "error":
+		return true
+	}
+	return false
+}

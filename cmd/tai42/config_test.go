@@ -1,0 +1,273 @@
+package main
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/tai42/sandbox"
+)
+
+// resolveServe parses args as the flags of "tai42 serve" and resolves the
+// configuration with env as the environment.
+func resolveServe(t *testing.T, env map[string]string, args ...string) (serveConfig, error) {
+	t.Helper()
+	var f serveFlags
+	fl := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	addServeFlags(fl, &f)
+	if err := fl.Parse(args); err != nil {
+		t.Fatalf("parse %v: %v", args, err)
+	}
+	return resolveServeConfig(fl, &f, lookupFrom(env))
+}
+
+func writeConfig(t *testing.T, text string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "tai42.toml")
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestExampleConfigLoads(t *testing.T) {
+	cfg, err := resolveServe(t, nil, "--config", filepath.Join("example", "tai42.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The example holds the defaults, but the state directory.
+	def, err := resolveServe(t, map[string]string{stateDirEnv: "/var/lib/tai42"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	def.configFile = cfg.configFile
+	if cfg != def {
+		t.Errorf("example config:\n %+v\nwant the defaults:\n %+v", cfg, def)
+	}
+	want := serveConfig{
+		configFile: filepath.Join("example", "tai42.toml"), listen: "127.0.0.1:4242", stateDir: "/var/lib/tai42", provider: "host",
+		execTimeout: time.Minute, reapInterval: 30 * time.Second, shutdownGrace: 10 * time.Second,
+		maxBodyBytes: 1 << 30, maxOutputBytes: 64 << 20,
+		policy:   sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationNone, Durable: true},
+		logLevel: slog.LevelInfo, logFormat: "json",
+	}
+	if cfg != want {
+		t.Errorf("example config:\n %+v\nwant\n %+v", cfg, want)
+	}
+}
+
+func TestConfigUnknownKey(t *testing.T) {
+	path := writeConfig(t, "listen = \"127.0.0.1:1\"\nfrobnicate = 1\n[policy]\negres = \"none\"\n[extra]\nx = 1\n")
+	_, err := resolveServe(t, nil, "--config", path)
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	for _, s := range []string{path, "frobnicate", "policy.egres", "extra"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q does not name %q", err, s)
+		}
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for name, tc := range map[string]struct {
+		file string
+		env  map[string]string
+		args []string
+		msg  []string
+	}{
+		"int duration":      {file: "exec_default_timeout = 5\n", msg: []string{"exec_default_timeout"}},
+		"bad duration":      {file: "[limits]\nshutdown_grace = \"soon\"\n", msg: []string{"limits.shutdown_grace", "soon"}},
+		"string bool":       {file: "[policy]\ndurable = \"yes\"\n", msg: []string{"durable"}},
+		"bad toml":          {file: "listen = \n", msg: []string{"tai42.toml"}},
+		"bad env duration":  {env: map[string]string{"TAI42_REAP_INTERVAL": "often"}, msg: []string{"TAI42_REAP_INTERVAL", "often"}},
+		"bad env bool":      {env: map[string]string{"TAI42_POLICY_DURABLE": "maybe"}, msg: []string{"TAI42_POLICY_DURABLE"}},
+		"zero timeout":      {args: []string{"--exec-timeout", "0s"}, msg: []string{"exec timeout"}},
+		"negative grace":    {file: "[limits]\nshutdown_grace = \"-1s\"\n", msg: []string{"shutdown grace"}},
+		"zero body":         {file: "[limits]\nmax_body_bytes = 0\n", msg: []string{"max body bytes"}},
+		"key without cert":  {file: "[tls]\nkey = \"k.pem\"\n", msg: []string{"--tls-cert"}},
+		"bad format":        {env: map[string]string{"TAI42_LOG_FORMAT": "xml"}, msg: []string{"xml"}},
+		"bad level":         {args: []string{"--log-level", "info+2"}, msg: []string{"info+2"}},
+		"bad policy":        {file: "[policy]\negress = \"wide\"\n", msg: []string{"wide"}},
+		"empty unix socket": {args: []string{"--listen", "unix:"}, msg: []string{"unix:"}},
+		"bad token":         {env: map[string]string{tokenEnv: "has space-secret"}, msg: []string{"TAI42_TOKEN"}},
+		"no state dir":      {env: map[string]string{}, msg: []string{"state directory"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			env := map[string]string{stateDirEnv: "/state"}
+			if tc.env != nil {
+				env = tc.env
+				if _, ok := env[stateDirEnv]; !ok && name != "no state dir" {
+					env[stateDirEnv] = "/state"
+				}
+			}
+			args := tc.args
+			if tc.file != "" {
+				args = append(args, "--config", writeConfig(t, tc.file))
+			}
+			_, err := resolveServe(t, env, args...)
+			if err == nil {
+				t.Fatal("want an error")
+			}
+			for _, m := range tc.msg {
+				if !strings.Contains(err.Error(), m) {
+					t.Errorf("error %q does not say %q", err, m)
+				}
+			}
+			if strings.Contains(err.Error(), "secret") {
+				t.Errorf("error shows the token: %v", err)
+			}
+		})
+	}
+}
+
+func TestConfigPrecedence(t *testing.T) {
+	file := writeConfig(t, `listen = "file:1"
+state_dir = "rel/state"
+token_file = "/abs/token"
+exec_default_timeout = "5s"
+log_format = "text"
+[policy]
+durable = false
+[limits]
+max_body_bytes = 1000
+`)
+	dir := filepath.Dir(file)
+	env := map[string]string{
+		configEnv:              file,
+		"TAI42_LISTEN":         "env:2",
+		"TAI42_EXEC_TIMEOUT":   "7s",
+		"TAI42_POLICY_DURABLE": "true",
+		"TAI42_MAX_BODY_BYTES": "2000",
+		"TAI42_LOG_LEVEL":      "", // empty: unset
+		"XDG_STATE_HOME":       "/xdg",
+	}
+	flags := []string{"--listen", "flag:3", "--exec-timeout", "9s", "--policy-durable=false", "--max-body-bytes", "3000"}
+
+	// Flags win over everything.
+	cfg, err := resolveServe(t, env, flags...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.listen != "flag:3" || cfg.execTimeout != 9*time.Second || cfg.policy.Durable || cfg.maxBodyBytes != 3000 {
+		t.Errorf("flags: %+v", cfg)
+	}
+	// The environment wins over the file.
+	if cfg, err = resolveServe(t, env); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.listen != "env:2" || cfg.execTimeout != 7*time.Second || !cfg.policy.Durable || cfg.maxBodyBytes != 2000 {
+		t.Errorf("env: %+v", cfg)
+	}
+	// The file wins over the defaults; its relative paths are its directory's.
+	if cfg.stateDir != filepath.Join(dir, "rel/state") || cfg.tokenFile != "/abs/token" || cfg.logFormat != "text" || cfg.configFile != file {
+		t.Errorf("file: %+v", cfg)
+	}
+	// The defaults are last, and the state directory's own defaults after
+	// the file.
+	if cfg.logLevel != slog.LevelInfo || cfg.reapInterval != 30*time.Second || cfg.provider != "host" {
+		t.Errorf("defaults: %+v", cfg)
+	}
+	if cfg, err = resolveServe(t, map[string]string{"XDG_STATE_HOME": "/xdg"}); err != nil || cfg.stateDir != "/xdg/tai42" || cfg.listen != defaultListen {
+		t.Errorf("no file: %+v, %v", cfg, err)
+	}
+	// TAI42_STATE_DIR wins over the file's state_dir, --state-dir over both.
+	env[stateDirEnv] = "/from/env"
+	if cfg, _ = resolveServe(t, env); cfg.stateDir != "/from/env" {
+		t.Errorf("TAI42_STATE_DIR: %q", cfg.stateDir)
+	}
+	if cfg, _ = resolveServe(t, env, "--state-dir", "/from/flag"); cfg.stateDir != "/from/flag" {
+		t.Errorf("--state-dir: %q", cfg.stateDir)
+	}
+	// --config wins over TAI42_CONFIG.
+	other := writeConfig(t, "listen = \"other:4\"\n")
+	delete(env, "TAI42_LISTEN")
+	if cfg, _ = resolveServe(t, env, "--config", other); cfg.listen != "other:4" {
+		t.Errorf("--config: %q", cfg.listen)
+	}
+	// The token: --token, then TAI42_TOKEN; never from the file.
+	if cfg, _ = resolveServe(t, map[string]string{tokenEnv: "env-token", stateDirEnv: "/s"}, "--token", "flag-token"); cfg.token != "flag-token" {
+		t.Errorf("--token: %q", cfg.token)
+	}
+	if cfg, _ = resolveServe(t, map[string]string{tokenEnv: "env-token", stateDirEnv: "/s"}); cfg.token != "env-token" {
+		t.Errorf("TAI42_TOKEN: %q", cfg.token)
+	}
+	if _, err := resolveServe(t, map[string]string{stateDirEnv: "/s"}, "--config", writeConfig(t, "token = \"x\"\n")); err == nil || !strings.Contains(err.Error(), "token") {
+		t.Errorf("a token key in the file: %v", err)
+	}
+	// The token and the token file are one setting: the higher source wins.
+	tf := writeConfig(t, "token_file = \"/file/token\"\n")
+	for _, tc := range []struct {
+		env       map[string]string
+		args      []string
+		token, tf string
+		bad       bool
+	}{
+		{map[string]string{tokenEnv: "env-token"}, []string{"--token-file", "/flag/token"}, "", "/flag/token", false},
+		{map[string]string{"TAI42_TOKEN_FILE": "/env/token"}, []string{"--token", "flag-token"}, "flag-token", "", false},
+		{map[string]string{tokenEnv: "env-token", configEnv: tf}, nil, "env-token", "", false},
+		{map[string]string{configEnv: tf}, nil, "", "/file/token", false},
+		{nil, []string{"--token", "t", "--token-file", "/f"}, "", "", true},
+		{map[string]string{tokenEnv: "t", "TAI42_TOKEN_FILE": "/f"}, nil, "", "", true},
+	} {
+		env := map[string]string{stateDirEnv: "/s"}
+		for k, v := range tc.env {
+			env[k] = v
+		}
+		cfg, err := resolveServe(t, env, tc.args...)
+		if tc.bad != (err != nil) || cfg.token != tc.token || cfg.tokenFile != tc.tf {
+			t.Errorf("env %v args %v: token %q file %q, %v", tc.env, tc.args, cfg.token, cfg.tokenFile, err)
+		}
+	}
+}
+
+func TestTokenFiles(t *testing.T) {
+	dir := t.TempDir()
+	cfg := serveConfig{stateDir: filepath.Join(dir, "state")}
+	// Generated at first: 0600, hex, in a new 0700 directory.
+	tok, gen, err := serveToken(cfg)
+	if err != nil || gen != filepath.Join(cfg.stateDir, tokenFileName) || len(tok) != 64 {
+		t.Fatalf("first: %d chars, %q, %v", len(tok), gen, err)
+	}
+	for path, mode := range map[string]os.FileMode{gen: 0o600, cfg.stateDir: 0o700} {
+		if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != mode {
+			t.Errorf("%s: %v, %v; want mode %o", path, fi.Mode(), err, mode)
+		}
+	}
+	// Reused after.
+	again, gen2, err := serveToken(cfg)
+	if err != nil || again != tok || gen2 != "" {
+		t.Errorf("second: same %v, %q, %v", again == tok, gen2, err)
+	}
+	// The flag or variable wins; a token file named must exist.
+	if got, _, _ := serveToken(serveConfig{stateDir: cfg.stateDir, token: "given"}); got != "given" {
+		t.Errorf("given token: %q", got)
+	}
+	if _, _, err := serveToken(serveConfig{stateDir: cfg.stateDir, tokenFile: filepath.Join(dir, "none")}); err == nil {
+		t.Error("missing token file: no error")
+	}
+	// Open to group or others: refused, saying how to fix it.
+	for _, mode := range []os.FileMode{0o644, 0o640, 0o604, 0o620} {
+		if err := os.Chmod(gen, mode); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := serveToken(cfg)
+		if err == nil || !strings.Contains(err.Error(), "chmod 600") || strings.Contains(err.Error(), tok) || errorExitCode(err) != exitUsage {
+			t.Errorf("mode %o: %v", mode, err)
+		}
+	}
+	// An empty or malformed token file is refused too.
+	bad := filepath.Join(dir, "bad")
+	for _, content := range []string{"", "\n", "two words\n"} {
+		if err := os.WriteFile(bad, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := readTokenFile(bad); err == nil {
+			t.Errorf("token file %q: no error", content)
+		}
+	}
+}

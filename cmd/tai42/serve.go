@@ -1,0 +1,230 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/tai42/sandbox/server"
+)
+
+// serveCmd is "tai42 serve [flags]".
+func (c *cli) serveCmd() *cobra.Command {
+	var f serveFlags
+	cmd := &cobra.Command{
+		Use:   "serve [flags]",
+		Short: "Run the daemon: sandbox sessions over an HTTP API",
+		Long: `Serve runs the daemon: the embedded provider (--provider, default host)
+behind the HTTP API that "tai42 create", "exec", "cp", "shell", "ls", "touch",
+"rm", "reap" and "run" (with $TAI42_URL set) use, as do programs in any
+language (the API's OpenAPI document is at /openapi.json).
+
+On start it prints "tai42: listening on ADDR (provider P)" on stderr, ADDR
+being the real address (with --listen 127.0.0.1:0, the port picked), usable
+as $TAI42_URL. Every API call needs the token: --token, else $TAI42_TOKEN,
+else the file --token-file names, else <state-dir>/token, which the first
+start writes (32 random bytes, hex, mode 0600) and says so on stderr. A
+token file that group or others may read is refused. Clients on this
+machine find <state-dir>/token themselves; others set $TAI42_TOKEN.
+
+Each setting is a flag, an environment variable and a key of the TOML
+config file (--config or $TAI42_CONFIG); a flag wins over the variable,
+which wins over the file, which wins over the default. Relative paths in
+the file are relative to its directory. Unknown keys are an error.
+
+  flag                       variable                       config key
+  --listen                   TAI42_LISTEN                   listen
+  --state-dir                TAI42_STATE_DIR                state_dir
+  --provider                 TAI42_PROVIDER                 provider
+  --token                    TAI42_TOKEN                    (none: use token_file)
+  --token-file               TAI42_TOKEN_FILE               token_file
+  --exec-timeout             TAI42_EXEC_TIMEOUT             exec_default_timeout
+  --reap-interval            TAI42_REAP_INTERVAL            reap_interval
+  --log-level, --log-format  TAI42_LOG_LEVEL, _FORMAT       log_level, log_format
+  --tls-cert, --tls-key      TAI42_TLS_CERT, _KEY           [tls] cert, key
+  --policy-egress            TAI42_POLICY_EGRESS            [policy] egress
+  --policy-isolation         TAI42_POLICY_ISOLATION         [policy] isolation
+  --policy-durable           TAI42_POLICY_DURABLE           [policy] durable
+  --policy-scrub-transcript  TAI42_POLICY_SCRUB_TRANSCRIPT  [policy] scrub_transcript
+  --max-body-bytes           TAI42_MAX_BODY_BYTES           [limits] max_body_bytes
+  --max-output-bytes         TAI42_MAX_OUTPUT_BYTES         [limits] max_output_bytes
+  --shutdown-grace           TAI42_SHUTDOWN_GRACE           [limits] shutdown_grace
+
+Durations are Go durations ("90s", "5m"). An example config file with every
+key is cmd/tai42/example/tai42.toml in the source tree.
+
+SIGTERM or SIGINT stops it gracefully: requests in flight get
+--shutdown-grace to finish, then every session is destroyed (ephemeral
+workspaces are removed, persistent ones kept) and it exits 0. Logs (JSON or
+text, on stderr) never show the token or an environment value.
+
+Exit codes: 0 after a signal; 2 for a bad flag, variable or config file or
+an unknown provider; 1 for another failure (the address in use, the state
+directory used by another daemon, an unreadable token file).`,
+		Example: `  # Serve on 127.0.0.1:4242 and use it from this machine
+  tai42 serve &
+  export TAI42_URL=127.0.0.1:4242
+  id=$(tai42 create) && tai42 exec "$id" -- uname -a
+
+  # A unix socket, and a config file
+  tai42 serve --listen unix:/run/tai42.sock --config /etc/tai42/tai42.toml
+
+  # HTTPS on every interface, no persistent workspaces, outbound network denied
+  TAI42_TOKEN=$(cat /etc/tai42/token) tai42 serve --listen :4242 \
+    --tls-cert cert.pem --tls-key key.pem --policy-durable=false --policy-egress none`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := resolveServeConfig(cmd.Flags(), &f, c.lookupEnv)
+			if err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			return c.serve(cfg)
+		},
+	}
+	addServeFlags(cmd.Flags(), &f)
+	return cmd
+}
+
+// serve runs the daemon until a signal, then shuts it down gracefully and
+// closes the sandbox (under a bounded context). It returns nil (exit 0)
+// after a signal.
+func (c *cli) serve(cfg serveConfig) error {
+	fail := func(err error) error { return &exitError{code: errorExitCode(err), err: err} }
+	log := newLogger(c.stderr, cfg)
+
+	tlsConf, err := loadTLS(cfg)
+	if err != nil {
+		return fail(err)
+	}
+	lock, err := lockStateDir(cfg.stateDir)
+	if err != nil {
+		return fail(err)
+	}
+	defer lock.Close()
+	token, generated, err := serveToken(cfg)
+	if err != nil {
+		return fail(err)
+	}
+	if generated != "" {
+		fmt.Fprintf(c.stderr, "tai42: token written to %s\n", generated)
+	}
+
+	ctx, in, stop := c.interruptible()
+	defer stop()
+
+	sb, closeSB, err := openProvider(cfg.provider, providerConfig{
+		stateDir:       cfg.stateDir,
+		policy:         cfg.policy,
+		reapInterval:   cfg.reapInterval,
+		execTimeout:    cfg.execTimeout,
+		maxOutputBytes: cfg.maxOutputBytes,
+		logger:         log,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	// Close destroys every session: ephemeral workspaces go, persistent
+	// ones stay.
+	defer func() {
+		cctx, done := cleanupContext(ctx)
+		defer done()
+		if err := closeSB(cctx); err != nil {
+			log.Error("closing the sandbox", "err", err)
+			c.warn(err)
+		} else {
+			log.Info("sandbox closed: sessions destroyed, persistent workspaces kept")
+		}
+	}()
+
+	srv, err := server.New(sb, server.Options{
+		Token:         token,
+		Policy:        cfg.policy,
+		Provider:      cfg.provider,
+		Version:       buildVersion(),
+		MaxBodyBytes:  cfg.maxBodyBytes,
+		Logger:        log,
+		ShutdownGrace: cfg.shutdownGrace,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	ln, err := server.Listen(cfg.listen)
+	if err != nil {
+		return fail(err)
+	}
+	addr := listenAddr(ln)
+	fmt.Fprintf(c.stderr, "tai42: listening on %s (provider %s)\n", addr, cfg.provider)
+	log.Info("serving", "addr", addr, "provider", cfg.provider, "tls", tlsConf != nil,
+		"state_dir", cfg.stateDir, "config", cfg.configFile, "version", buildVersion(),
+		"policy_egress", cfg.policy.Egress, "policy_isolation", cfg.policy.Isolation,
+		"policy_durable", cfg.policy.Durable, "policy_scrub_transcript", cfg.policy.ScrubTranscript)
+
+	err = srv.Serve(ctx, ln, tlsConf)
+	if sig, ok := in.signal(); ok {
+		log.Info("stopped on a signal", "signal", sig.String())
+		if err != nil && !errors.Is(err, context.Canceled) {
+			log.Warn("graceful shutdown incomplete", "err", err)
+		}
+		return nil
+	}
+	if err == nil {
+		err = errors.New("the server stopped on its own")
+	}
+	return &exitError{code: exitFailure, err: fmt.Errorf("serving: %w", err)}
+}
+
+// listenAddr prints ln's address as --listen takes it: HOST:PORT, or
+// unix:PATH for a unix socket.
+func listenAddr(ln net.Listener) string {
+	a := ln.Addr()
+	if a.Network() == "unix" {
+		return "unix:" + a.String()
+	}
+	return a.String()
+}
+
+// newLogger is the daemon's logger: cfg's level and format, on w.
+func newLogger(w io.Writer, cfg serveConfig) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: cfg.logLevel}
+	if cfg.logFormat == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// loadTLS loads the certificate and key of cfg; nil (plain HTTP) without.
+func loadTLS(cfg serveConfig) (*tls.Config, error) {
+	if cfg.tlsCert == "" {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(cfg.tlsCert, cfg.tlsKey)
+	if err != nil {
+		return nil, usagef(fmt.Errorf("TLS certificate and key: %w", err))
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
+}
+
+// lockStateDir takes the daemon's lock on its state directory (creating it,
+// mode 0700): two daemons on one state directory would share workspaces
+// and the token file without knowing it.
+func lockStateDir(dir string) (io.Closer, error) {
+	if err := mkdirPrivate(dir); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, "serve.lock")
+	f, err := flock(path)
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		return nil, fmt.Errorf("state directory %s is in use by another tai42 serve (lock %s held): give this one another --state-dir", dir, path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("state directory: %w", err)
+	}
+	return f, nil
+}
