@@ -104,6 +104,16 @@ type FileStreamer interface {
 	OpenFile(ctx context.Context, path string) (rc io.ReadCloser, size int64, err error)
 }
 
+// ExitWatcher is an optional interface of an [ExecHandle]. Exited is
+// closed once the exec's own command has exited, whether or not its output
+// has been read (its output may still be on its way). A relay that enforces
+// an exec's deadline itself, as the HTTP server does, uses it to tell at the
+// deadline a timeout from an exec that exited in time, as the provider's
+// own timer would.
+type ExitWatcher interface {
+	Exited() <-chan struct{}
+}
+
 // ExecHandle is a live interactive exec started by [Session.ExecStart].
 //
 // Concurrency: WriteStdin and CloseStdin are safe to call concurrently with

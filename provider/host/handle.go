@@ -130,7 +130,22 @@ type handle struct {
 	stdinClosed bool
 }
 
-var _ sandbox.ExecHandle = (*handle)(nil)
+var (
+	_ sandbox.ExecHandle  = (*handle)(nil)
+	_ sandbox.ExitWatcher = (*handle)(nil)
+)
+
+// closedCh is the Exited of a command that could not be started.
+var closedCh = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// Exited implements sandbox.ExitWatcher: closed once the command has
+// exited (been reaped), its output read or not.
+func (h *handle) Exited() <-chan struct{} {
+	if h.p == nil {
+		return closedCh
+	}
+	return h.p.exitedCh
+}
 
 func (r *resources) ExecStart(_ context.Context, req kit.ExecRequest) (sandbox.ExecHandle, error) {
 	st := newStream(r.p.opts.StreamBuffer)

@@ -468,3 +468,33 @@ func TestNetnsSetupNeverStrandsThreads(t *testing.T) {
 		t.Errorf("%d loopback dials failed while sandboxes were built: a thread was left in a session's network namespace", n)
 	}
 }
+
+// The handle's Exited (sandbox.ExitWatcher) closes when the command exits,
+// before its output is read, and not before.
+func TestExitedBeforeOutputRead(t *testing.T) {
+	sb, _ := newHost(t, host.Options{})
+	s := mustCreate(t, sb, hostSpec(sandbox.NetworkEgress))
+	ctx := context.Background()
+	h, err := s.ExecStart(ctx, []string{"sh", "-c", "read x; head -c 100000 /dev/zero"}, sandbox.StartOptions{Timeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Kill(ctx)
+	w, ok := h.(sandbox.ExitWatcher)
+	if !ok {
+		t.Fatalf("the host's handle (%T) does not implement sandbox.ExitWatcher", h)
+	}
+	select {
+	case <-w.Exited():
+		t.Fatal("Exited closed while the command still waits on stdin")
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := h.WriteStdin(ctx, []byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.Exited():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Exited did not close after the command exited (its output unread)")
+	}
+}

@@ -64,6 +64,7 @@ type proc struct {
 
 	readers   sync.WaitGroup
 	exited    atomic.Bool
+	exitedCh  chan struct{} // closed when exited is set
 	done      chan struct{} // closed once the end is decided and handed to the sink
 	closeOnce sync.Once
 	lens      [2]atomic.Int64
@@ -167,7 +168,7 @@ func (r *resources) start(op string, req kit.ExecRequest, stdinPipe bool, sk sin
 		r: r, pid: process.Pid, process: process,
 		stdin: pipes[1], outs: [2]*os.File{pipes[2], pipes[4]},
 		sink: sk, timeout: req.Timeout, grace: r.p.opts.ExitGrace,
-		done: make(chan struct{}),
+		done: make(chan struct{}), exitedCh: make(chan struct{}),
 	}
 	r.register(p)
 	p.timer = time.AfterFunc(req.Timeout, p.onTimeout)
@@ -342,6 +343,7 @@ func (p *proc) supervise() {
 	state, werr := p.process.Wait()
 	p.timer.Stop()
 	p.exited.Store(true)
+	close(p.exitedCh)
 	deadline := time.Now().Add(p.grace)
 	for _, f := range p.outs {
 		_ = f.SetReadDeadline(deadline) // wakes a reader blocked on a held pipe
