@@ -81,6 +81,7 @@ type Options struct {
 
 // New returns the host runner wrapped by the kit.
 func New(opts Options) (*kit.Sandbox, error) {
+	defaultSignalsForCommands()
 	p, err := newProvider(opts)
 	if err != nil {
 		return nil, err

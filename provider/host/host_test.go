@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -53,6 +55,8 @@ func TestMain(m *testing.M) {
 		c.Close()
 		fmt.Println("loopback works")
 		os.Exit(0)
+	case "sigign":
+		os.Exit(sigignHelper())
 	}
 	goleak.VerifyTestMain(m)
 }
@@ -496,5 +500,67 @@ func TestExitedBeforeOutputRead(t *testing.T) {
 	case <-w.Exited():
 	case <-time.After(10 * time.Second):
 		t.Fatal("Exited did not close after the command exited (its output unread)")
+	}
+}
+
+// sigignHelper runs in a copy of the test binary started with SIGINT and
+// SIGHUP ignored (as a background job of a script or nohup starts a
+// daemon): it prints whether they were ignored here and the SigIgn mask of
+// a command run through the host runner.
+func sigignHelper() int {
+	fmt.Printf("ignored-here=%v\n", signal.Ignored(syscall.SIGINT) && signal.Ignored(syscall.SIGHUP))
+	dir, err := os.MkdirTemp("", "tai42-sigign-")
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	sb, err := host.New(host.Options{StateDir: dir, Policy: openPolicy, ReapInterval: -1})
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	defer sb.Close(context.Background())
+	s, err := sb.CreateSession(context.Background(), hostSpec(sandbox.NetworkEgress))
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	r, err := s.Exec(context.Background(), []string{"grep", "SigIgn", "/proc/self/status"}, sandbox.ExecOptions{Timeout: 10 * time.Second})
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	fmt.Print(r.Stdout)
+	return 0
+}
+
+// A daemon started with SIGINT and SIGHUP ignored (a script's background
+// job, nohup) still starts commands with their default action, so ^C
+// reaches a shell's foreground job; the daemon itself goes on ignoring
+// them.
+func TestSignalsDefaultInCommands(t *testing.T) {
+	cmd := exec.Command("sh", "-c", `trap "" INT HUP; exec "$0" -test.run '^$'`, os.Args[0])
+	cmd.Env = append(os.Environ(), "TAI42_HOST_TEST_HELPER=sigign")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helper: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "ignored-here=true") {
+		t.Fatalf("the helper did not start with SIGINT and SIGHUP ignored:\n%s", out)
+	}
+	var mask uint64
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(line, "SigIgn:"); ok {
+			mask, err = strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGHUP} {
+		if mask&(1<<(sig-1)) != 0 {
+			t.Errorf("a command started by the host runner ignores %v (SigIgn %016x); it must get the default action", sig, mask)
+		}
 	}
 }
