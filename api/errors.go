@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/tai42/sandbox"
 )
@@ -170,11 +171,7 @@ func (e Error) Err() error {
 // message, so that the rebuilt error prints as the original did.
 func rejectMessage(e Error) string {
 	orig := &sandbox.SpecRejectedError{Field: e.Field, Reason: sandbox.RejectReason(e.Reason)}
-	prefix := orig.Error() // ends with ": " and the empty message
-	if len(e.Message) >= len(prefix) && e.Message[:len(prefix)] == prefix {
-		return e.Message[len(prefix):]
-	}
-	return e.Message
+	return strings.TrimPrefix(e.Message, orig.Error()) // orig ends with ": " and the empty message
 }
 
 // trimPrefix removes the "sandbox: op: " a SandboxError's text starts with,
@@ -184,10 +181,7 @@ func trimPrefix(msg, op string) string {
 	if op != "" {
 		p += op + ": "
 	}
-	if len(msg) >= len(p) && msg[:len(p)] == p {
-		return msg[len(p):]
-	}
-	return msg
+	return strings.TrimPrefix(msg, p)
 }
 
 // TransportError is a failure of the API itself rather than of the sandbox:
@@ -199,7 +193,9 @@ type TransportError struct {
 	Message string
 }
 
-func (e *TransportError) Error() string { return fmt.Sprintf("%s: %s", e.Kind, e.Message) }
+// Error is the message alone: the kind is for programs (errors.As), and a
+// *sandbox.SandboxError wrapping it prints the message once.
+func (e *TransportError) Error() string { return e.Message }
 
 // Transportf returns a *TransportError of kind with a formatted message.
 func Transportf(kind Kind, format string, args ...any) *TransportError {

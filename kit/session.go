@@ -210,6 +210,9 @@ func (ss *session) OpenFile(ctx context.Context, path string) (io.ReadCloser, in
 }
 
 func (ss *session) resolve(op, path string, isCwd bool) (Path, error) {
+	if op == "put_file" && strings.HasSuffix(path, "/") {
+		return Path{}, sandbox.Errorf(op, "%q ends with '/', which names a directory; name a file", path)
+	}
 	return Resolve(op, ss.res.WorkspacePath(), path, isCwd, ss.kit.prov.SharedFilesystem())
 }
 

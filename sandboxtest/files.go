@@ -177,6 +177,13 @@ func (s *suite) testFilesBadPaths(t *testing.T) {
 		err = sess.PutFile(ctx, p, []byte("x"))
 		wantPlain(t, err, "PutFile("+strconv.Quote(p)+")")
 	}
+	// A trailing slash names a directory: PutFile refuses it rather than
+	// write a file under the name without the slash.
+	err := sess.PutFile(ctx, "d/", []byte("x"))
+	wantPlain(t, err, `PutFile("d/")`)
+	if exists(t, ctx, sess, "d") {
+		t.Errorf(`PutFile("d/") wrote something at "d"; a path naming a directory must not be written as a file`)
+	}
 }
 
 // A path climbing out of the workspace is refused with a plain *SandboxError

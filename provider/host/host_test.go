@@ -564,3 +564,17 @@ func TestSignalsDefaultInCommands(t *testing.T) {
 		}
 	}
 }
+
+// A put through a symlink that leads out of the workspace says so in
+// words, whichever step of the put met the escape.
+func TestEscapeMessage(t *testing.T) {
+	sb, _ := newHost(t, host.Options{})
+	s := mustCreate(t, sb, hostSpec(sandbox.NetworkEgress))
+	run(t, s, nil, "ln", "-s", "/etc", "etclink")
+	for _, p := range []string{"etclink/x", "etclink/sub/x"} {
+		err := s.PutFile(context.Background(), p, []byte("x"))
+		if err == nil || !strings.Contains(err.Error(), "leads out of the workspace") || strings.Contains(err.Error(), "path escapes from parent") {
+			t.Errorf("PutFile(%q) through a symlink out of the workspace: %v; want it to say it leads out of the workspace", p, err)
+		}
+	}
+}

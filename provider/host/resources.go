@@ -330,10 +330,14 @@ func missing(err error) bool {
 }
 
 // rootErr rewrites os.Root's escape error so that it says what happened.
+// os.Root's escape error is unexported; it may sit under several
+// *fs.PathError layers (MkdirAll: "mkdirat a: statat a: path escapes from
+// parent").
 func rootErr(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) && pe.Err != nil && pe.Err.Error() == "path escapes from parent" {
-		return errors.New("it leads out of the workspace (through a symlink or ..)")
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if e.Error() == "path escapes from parent" {
+			return errors.New("it leads out of the workspace (through a symlink or ..)")
+		}
 	}
 	return err
 }
