@@ -82,7 +82,7 @@ func addSessionFlags(fl *pflag.FlagSet, f *runFlags) {
 	fl.StringVar(&f.image, "image", defaultImage, "image the session runs (the host provider honours only \"host\")")
 	fl.StringVar(&f.network, "network", defaultNetwork, "network tier: none (loopback only), internal or egress")
 	fl.StringVar(&f.isolation, "isolation", "", "isolation tier: none, container or vm (default: the provider's own)")
-	fl.DurationVar(&f.ttl, "ttl", defaultTTL, "session life, a Go duration rounded up to whole seconds, at least 1s; when it ends the session is destroyed and what runs in it killed")
+	fl.DurationVar(&f.ttl, "ttl", defaultTTL, "session life, a Go duration rounded up to whole seconds, at least 1s; when it ends the session is gone, and the next reap (every second for run, the daemon's --reap-interval otherwise) destroys it and kills what runs in it")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "set K=V in the session's environment, or K to pass the caller's K (repeatable; values are never printed)")
 	fl.StringVar(&f.persistent, "persistent", "", "make the session persistent with workspace key `KEY` (its files outlive it)")
 	fl.Float64Var(&f.cpu, "cpu", 0, "cap the session at N CPUs (0: no cap)")

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -157,9 +158,16 @@ func (c *cli) serve(cfg serveConfig) error {
 	}
 	ln, err := server.Listen(cfg.listen)
 	if err != nil {
+		var bad *net.AddrError // a malformed address, not one in use
+		if errors.As(err, &bad) {
+			return fail(usagef(fmt.Errorf("--listen %q: %w", cfg.listen, err)))
+		}
 		return fail(err)
 	}
 	addr := listenAddr(ln)
+	if tlsConf != nil && !strings.HasPrefix(addr, "unix:") {
+		addr = "https://" + addr // usable as $TAI42_URL as printed
+	}
 	fmt.Fprintf(c.stderr, "tai42: listening on %s (provider %s)\n", addr, cfg.provider)
 	log.Info("serving", "addr", addr, "provider", cfg.provider, "tls", tlsConf != nil,
 		"state_dir", cfg.stateDir, "config", cfg.configFile, "version", buildVersion(),

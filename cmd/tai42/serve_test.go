@@ -213,7 +213,10 @@ func TestServeTLS(t *testing.T) {
 		}
 	}
 	s := startServe(t, map[string]string{tokenEnv: testToken}, "--listen", "127.0.0.1:0", "--state-dir", t.TempDir(), "--tls-cert", cert, "--tls-key", key)
-	r := runCLI(t, nil, map[string]string{urlEnv: "https://" + s.addr, tokenEnv: testToken, tlsCAEnv: ca}, "run", "--", "echo", "tls")
+	if !strings.HasPrefix(s.addr, "https://") {
+		t.Fatalf("with TLS the listening line names %q; want an https:// URL, usable as $TAI42_URL as printed", s.addr)
+	}
+	r := runCLI(t, nil, map[string]string{urlEnv: s.addr, tokenEnv: testToken, tlsCAEnv: ca}, "run", "--", "echo", "tls")
 	r.want(t, 0)
 	if r.stdout != "tls\n" {
 		t.Errorf("run over TLS: %q", r.stdout)
@@ -233,6 +236,7 @@ func TestServeStartErrors(t *testing.T) {
 		msg  string
 	}{
 		"address in use":     {[]string{"--listen", busy.Addr().String()}, 1, "address already in use"},
+		"malformed address":  {[]string{"--listen", "bogus"}, 2, "bogus"},
 		"unknown provider":   {[]string{"--provider", "docker", "--listen", "127.0.0.1:0"}, 2, `"docker"`},
 		"cert without key":   {[]string{"--tls-cert", "c.pem"}, 2, "--tls-key"},
 		"bad cert":           {[]string{"--tls-cert", "/nonexistent/c.pem", "--tls-key", "/nonexistent/k.pem"}, 2, "TLS"},
