@@ -119,8 +119,11 @@ func (ss *session) execRequest(op string, argv []string, cwd string, env map[str
 	if timeout <= 0 {
 		return ExecRequest{}, sandbox.Errorf(op, "a timeout is required and must be > 0 (got %v); the provider's default is %v", timeout, ss.kit.execTO)
 	}
-	if len(argv) == 0 || argv[0] == "" {
+	if len(argv) == 0 {
 		return ExecRequest{}, sandbox.Errorf(op, "argv is empty: name a command to run")
+	}
+	if argv[0] == "" {
+		return ExecRequest{}, sandbox.Errorf(op, "argv[0] is an empty string: name a command to run")
 	}
 	for i, a := range argv {
 		if strings.IndexByte(a, 0) >= 0 {

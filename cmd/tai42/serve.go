@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/server"
 )
 
@@ -144,6 +146,13 @@ func (c *cli) serve(cfg serveConfig) error {
 		}
 	}()
 
+	if err := checkFloor(sb, cfg.policy); err != nil {
+		return fail(usagef(err))
+	}
+	if len(token) < minTokenLen {
+		log.Warn("the token is short: anyone who can reach the daemon may guess it; use 32 random bytes (the generated token) or more", "length", len(token))
+	}
+
 	srv, err := server.New(sb, server.Options{
 		Token:         token,
 		Policy:        cfg.policy,
@@ -196,6 +205,23 @@ func listenAddr(ln net.Listener) string {
 		return "unix:" + a.String()
 	}
 	return a.String()
+}
+
+// minTokenLen is the token length below which serve warns.
+const minTokenLen = 16
+
+// checkFloor refuses a policy whose isolation floor is above what the
+// provider gives: every create would be rejected.
+func checkFloor(sb sandbox.Sandbox, p sandbox.Policy) error {
+	k, ok := sb.(interface{ Provider() kit.Provider })
+	if !ok || p.Isolation == "" {
+		return nil
+	}
+	if got := k.Provider().Isolation(); sandbox.IsolationStrength(got) < sandbox.IsolationStrength(p.Isolation) {
+		return fmt.Errorf("the policy's isolation floor %q is above what provider %q gives (%q): every session would be rejected; lower --policy-isolation or choose another --provider",
+			p.Isolation, k.Provider().Name(), got)
+	}
+	return nil
 }
 
 // newLogger is the daemon's logger: cfg's level and format, on w.
