@@ -6,7 +6,13 @@
 // # Conventions
 //
 // Every route under /v1 requires "Authorization: Bearer TOKEN". JSON bodies
-// use the contract's snake_case field names; unknown fields are refused.
+// are one JSON object with the contract's snake_case field names, matched
+// exactly (case-sensitive); unknown fields and duplicate keys are refused.
+// JSON bodies are capped at min(max_body_bytes, 64 MiB), file bodies at
+// max_body_bytes; a declared Content-Length over the cap gets 413 before the
+// body is read. A request body or a download that moves no byte for 60 s is
+// cut. A response to a request whose body was not read (a refusal) closes
+// the connection. timeout_seconds must be in (0, 9223372036].
 // Errors are a JSON body {"error": {"kind": ..., "message": ..., fields...}}
 // with the status of [KindStatus]; [ErrorBody] and [Error.Err] convert both
 // ways, once each.

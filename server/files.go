@@ -1,11 +1,16 @@
 package server
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/api"
@@ -30,7 +35,11 @@ func filePath(r *http.Request) (string, error) {
 }
 
 // putFile streams the raw body into the file when the session can
-// (sandbox.FileStreamer), else reads it whole (within the body limit).
+// (sandbox.FileStreamer), else reads it whole (within the body limit). The
+// body is under the idle deadline (countingBody); while it comes, the
+// session is checked every second or so, so that a session destroyed
+// mid-upload ends the upload with session_not_found rather than after the
+// last byte.
 func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 	path, err := filePath(r)
 	if err != nil {
@@ -42,11 +51,12 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	body := &liveReader{r: r.Body, ctx: r.Context(), sess: sess, checked: time.Now()}
 	if fs, ok := sess.(sandbox.FileStreamer); ok {
-		err = fs.PutFileFrom(r.Context(), path, r.Body)
+		err = fs.PutFileFrom(r.Context(), path, body)
 	} else {
 		var data []byte
-		if data, err = io.ReadAll(r.Body); err == nil {
+		if data, err = io.ReadAll(body); err == nil {
 			err = sess.PutFile(r.Context(), path, data)
 		}
 	}
@@ -58,10 +68,34 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// liveReader reads r and, at most every liveCheck, fails with the
+// session's *sandbox.SessionNotFoundError once the session is gone.
+type liveReader struct {
+	r       io.Reader
+	ctx     context.Context
+	sess    sandbox.Session
+	checked time.Time
+}
+
+const liveCheck = time.Second
+
+func (l *liveReader) Read(p []byte) (int, error) {
+	if now := time.Now(); now.Sub(l.checked) >= liveCheck {
+		l.checked = now
+		var snf *sandbox.SessionNotFoundError
+		if _, err := l.sess.Info(l.ctx); errors.As(err, &snf) {
+			return 0, err
+		}
+	}
+	return l.r.Read(p)
+}
+
 // getFile streams the file when the session can (sandbox.FileStreamer),
-// else sends it from memory. Errors before the first byte are JSON; a
-// failure midway cuts the body short of its Content-Length, which the
-// client sees.
+// else sends it from memory. Errors before the first byte are JSON. A
+// failure midway aborts the response (the connection is cut), so the client
+// never takes a partial body for the whole file, whether or not it knows
+// the length. A client that reads nothing for the idle timeout is cut the
+// same way.
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	path, err := filePath(r)
 	if err != nil {
@@ -73,45 +107,106 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	h := w.Header()
-	fs, ok := sess.(sandbox.FileStreamer)
-	if !ok {
-		data, err := sess.GetFile(r.Context(), path)
+	var (
+		src  io.Reader // the file's reader, or nil and data
+		data []byte
+		size int64
+	)
+	if fs, ok := sess.(sandbox.FileStreamer); ok {
+		rc, n, err := fs.OpenFile(r.Context(), path)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		h.Set("Content-Type", "application/octet-stream")
-		h.Set("Content-Length", strconv.Itoa(len(data)))
-		w.WriteHeader(http.StatusOK)
-		if r.Method != http.MethodHead {
-			n, _ := w.Write(data)
-			s.met.streamed(dirGet, n)
+		defer rc.Close()
+		src, size = rc, n
+	} else {
+		if data, err = sess.GetFile(r.Context(), path); err != nil {
+			s.writeError(w, r, err)
+			return
 		}
-		return
+		size = int64(len(data))
 	}
-	rc, size, err := fs.OpenFile(r.Context(), path)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	defer rc.Close()
+	h := w.Header()
 	h.Set("Content-Type", "application/octet-stream")
 	if size >= 0 {
 		h.Set("Content-Length", strconv.FormatInt(size, 10))
+	} else {
+		// Chunked: net/http writes the last chunk after the handler
+		// returns, when the write deadline cannot be lifted safely; the
+		// connection ends with the response instead.
+		h.Set("Connection", "close")
 	}
 	w.WriteHeader(http.StatusOK)
 	if r.Method == http.MethodHead {
 		return
 	}
-	var n int64
-	if size >= 0 {
-		n, err = io.CopyN(w, rc, size)
-	} else {
-		n, err = io.Copy(w, rc)
+	ctl := http.NewResponseController(w)
+	n, err := s.sendBody(w, ctl, src, data, size)
+	if err == nil && size >= 0 {
+		// Everything is out but what net/http buffers: flush it under the
+		// deadline, then lift the deadline so the connection may serve
+		// another request.
+		if err = ctl.Flush(); err == nil {
+			_ = ctl.SetWriteDeadline(time.Time{})
+		}
 	}
 	s.met.streamed(dirGet, int(n))
 	if err != nil {
-		s.log.Warn("get_file: the body was cut short", "request_id", stateOf(r).id, "sent", n, "size", size, "err", err)
+		rs := stateOf(r)
+		rs.cut = "error"
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			rs.cut = "idle_timeout"
+		}
+		s.log.Warn("get_file: the body was cut short", "request_id", rs.id, "sent", n, "size", size, "err", err)
+		panic(http.ErrAbortHandler) // the client must see the body fail, not end
 	}
+}
+
+// sendChunk is how much of a download goes out between two looks at the
+// idle deadline: a client that takes longer than the idle timeout to take
+// one chunk (4 KiB/s for 60 s) is cut. Each chunk still goes through the
+// ResponseWriter's ReadFrom (sendfile for a file).
+const sendChunk = 256 << 10
+
+// sendBody copies size bytes of src (all of it when size < 0), or data when
+// src is nil, to w, pushing the write deadline to the idle timeout from now
+// at most every deadlineStep. A src that ends before size bytes is an
+// error.
+func (s *Server) sendBody(w io.Writer, ctl *http.ResponseController, src io.Reader, data []byte, size int64) (int64, error) {
+	if src == nil {
+		size = int64(len(data))
+	}
+	var sent int64
+	var moved time.Time
+	step := deadlineStep(s.idle)
+	for size < 0 || sent < size {
+		if now := time.Now(); s.idle > 0 && now.Sub(moved) >= step {
+			moved = now
+			_ = ctl.SetWriteDeadline(now.Add(s.idle)) // ErrNotSupported: no deadline to keep
+		}
+		chunk := int64(sendChunk)
+		if size >= 0 {
+			chunk = min(chunk, size-sent)
+		}
+		var n int64
+		var err error
+		if src == nil { // one Write per chunk rather than a copy buffer
+			var k int
+			k, err = w.Write(data[sent : sent+chunk])
+			n = int64(k)
+		} else {
+			n, err = io.CopyN(w, src, chunk)
+		}
+		sent += n
+		switch {
+		case errors.Is(err, io.EOF) && size < 0:
+			return sent, nil
+		case errors.Is(err, io.EOF):
+			return sent, fmt.Errorf("the file ended after %d of its %d bytes", sent, size)
+		case err != nil:
+			return sent, err
+		}
+	}
+	return sent, nil
 }

@@ -18,7 +18,7 @@ import (
 )
 
 func fastTiming(s *Server) {
-	s.timing = streamTiming{ping: 100 * time.Millisecond, pong: 300 * time.Millisecond, start: 300 * time.Millisecond}
+	s.timing.ping, s.timing.pong, s.timing.start = 100*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond
 }
 
 // TestStreamNoPong: a client that stops answering pings (it reads

@@ -61,6 +61,9 @@ func (s *Server) finishRequest(rw *respWriter, r *http.Request, rs *reqState, st
 	if rs.errMsg != "" {
 		attrs = append(attrs, "error", rs.errMsg)
 	}
+	if rs.cut != "" {
+		attrs = append(attrs, "body_cut", rs.cut)
+	}
 	attrs = append(attrs, rs.streamEnd...)
 	s.log.Log(r.Context(), slog.LevelInfo, "request", attrs...)
 	s.met.request(rs.route, status)

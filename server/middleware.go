@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/api"
 )
 
@@ -26,8 +28,14 @@ type reqState struct {
 	route     string
 	sessionID string
 	body      *countingBody
-	errKind   api.Kind
-	errMsg    string // only for kind internal: the daemon's own failures
+	// jsonBody: the route's body is JSON, under the JSON limit (the
+	// message of a too_large says so).
+	jsonBody bool
+	errKind  api.Kind
+	errMsg   string // only for kind internal: the daemon's own failures
+	// cut says why a response body was cut short (the client sees a
+	// truncated or aborted body); "" when it was not.
+	cut string
 	// ws is set once a WebSocket took the connection over: its byte counts
 	// replace the ResponseWriter's, and end describes how the exec ended.
 	ws        bool
@@ -111,10 +119,29 @@ func (s *Server) routes() (_ http.Handler, err error) {
 	return s.outer(mux), nil
 }
 
+// maxSessionID is the longest session id the server passes to the sandbox;
+// a longer id in a path names no session (a real id is short).
+const maxSessionID = 128
+
+// bodyRoutes are the routes that read a request body: true for a JSON body
+// (under the JSON limit), false for raw bytes (under MaxBodyBytes).
+var bodyRoutes = map[string]bool{
+	"createSession": true,
+	"exec":          true,
+	"putFile":       false,
+}
+
 // route wraps one route's handler: it names the route for the log and the
 // metrics, and refuses a request without the right token before anything
-// else is done (the body is not read, no session is touched).
+// else is done (the body is not read, no session is touched). It then
+// refuses, still before reading anything, a session id no session can have
+// and a body whose declared length is over the route's limit.
 func (s *Server) route(rt api.Route, h http.HandlerFunc) http.Handler {
+	isJSON, readsBody := bodyRoutes[rt.OperationID]
+	limit := s.maxBody
+	if isJSON {
+		limit = s.jsonMax
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rs := stateOf(r)
 		rs.route = rt.OperationID
@@ -127,6 +154,25 @@ func (s *Server) route(rt api.Route, h http.HandlerFunc) http.Handler {
 		}
 		if id := r.PathValue("id"); id != "" {
 			rs.sessionID = clipText(id)
+			if len(id) > maxSessionID {
+				if rt.OperationID == "destroySession" { // idempotent: no such session is nothing to do
+					w.WriteHeader(http.StatusNoContent)
+					return
+				}
+				s.writeError(w, r, &sandbox.SessionNotFoundError{SessionID: clipText(id),
+					Detail: fmt.Sprintf("the id is %d bytes long; no session id is longer than %d", len(id), maxSessionID)})
+				return
+			}
+		}
+		if readsBody {
+			rs.jsonBody = isJSON
+			if rs.body != nil {
+				rs.body.setLimit(limit)
+			}
+			if r.ContentLength > limit { // refused before a byte is read (nor a 100 Continue sent)
+				s.writeError(w, r, s.tooLarge(rs))
+				return
+			}
 		}
 		h(w, r)
 	})
@@ -164,11 +210,14 @@ func (s *Server) outer(next http.Handler) http.Handler {
 		defer s.inflight.done()
 
 		rs := &reqState{id: requestID(r.Header.Get(api.HeaderRequestID)), route: routeUnknown}
-		rw := &respWriter{ResponseWriter: w}
+		rs.body = newCountingBody(w, r, s.jsonMax, s.idle)
+		rw := &respWriter{ResponseWriter: w, body: rs.body}
 		rw.Header().Set(api.HeaderRequestID, rs.id)
-		rs.body = &countingBody{rc: http.MaxBytesReader(w, r.Body, s.maxBody)}
-		r.Body = rs.body
+		// A copy of the request takes the new body: net/http looks at its
+		// own request's body after the handler (to close the connection
+		// gracefully, without a reset, when it left much of it unread).
 		r = r.WithContext(context.WithValue(r.Context(), stateKey{}, rs))
+		r.Body = rs.body
 
 		defer func() {
 			if p := recover(); p != nil {
@@ -186,6 +235,7 @@ func (s *Server) outer(next http.Handler) http.Handler {
 			}
 			s.finishRequest(rw, r, rs, start)
 		}()
+		defer rs.body.finish()
 		if s.closing.Load() {
 			rw.Header().Set("Connection", "close")
 			s.writeError(rw, r, errShuttingDown)
@@ -198,23 +248,39 @@ func (s *Server) outer(next http.Handler) http.Handler {
 // respWriter records the status and the bytes written. It unwraps to the
 // underlying writer, so http.ResponseController and the WebSocket upgrade
 // reach its Hijacker and Flusher.
+//
+// A response that starts while the request's body is not read to its end
+// (refused before the body was read: 401, 404, 405, 413, a bad query, ...)
+// says "Connection: close": net/http would otherwise read and discard up to
+// 256 KiB of the unread body, with no deadline, before it answers, so a
+// client that never sends its body would hold the connection for good
+// (countingBody.finish bounds the read net/http still does after the
+// handler).
 type respWriter struct {
 	http.ResponseWriter
 	status int
 	bytes  int64
+	body   *countingBody
+}
+
+// start runs before the response's header goes out.
+func (w *respWriter) start(code int) {
+	if w.status != 0 || (code < 200 && code != http.StatusSwitchingProtocols) {
+		return
+	}
+	w.status = code
+	if w.body != nil && !w.body.consumed() {
+		w.Header().Set("Connection", "close")
+	}
 }
 
 func (w *respWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
+	w.start(code)
 	w.ResponseWriter.WriteHeader(code)
 }
 
 func (w *respWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
+	w.start(http.StatusOK)
 	n, err := w.ResponseWriter.Write(b)
 	w.bytes += int64(n)
 	return n, err
@@ -222,9 +288,7 @@ func (w *respWriter) Write(b []byte) (int, error) {
 
 // ReadFrom keeps net/http's sendfile path for file downloads.
 func (w *respWriter) ReadFrom(src io.Reader) (int64, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
+	w.start(http.StatusOK)
 	var n int64
 	var err error
 	if rf, ok := w.ResponseWriter.(io.ReaderFrom); ok {
@@ -238,27 +302,111 @@ func (w *respWriter) ReadFrom(src io.Reader) (int64, error) {
 
 func (w *respWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// countingBody counts the request body's bytes and remembers whether the
-// limit was hit, whatever a consumer does with the read error.
+// deadlineStep is how often, at most, a transfer's idle deadline is pushed
+// forward: at each read or write that comes at least that long after the
+// last push (a deadline per read would cost the transfer). A short idle
+// timeout (tests) is pushed at a tenth of itself.
+func deadlineStep(idle time.Duration) time.Duration { return min(time.Second, idle/10) }
+
+// countingBody is the request body under the route's limit and the idle
+// deadline. It counts the bytes and remembers how reading ended (its end,
+// the limit, the deadline), whatever a consumer does with the read error.
+//
+// The idle deadline: each read that comes deadlineStep after the last one
+// moved it sets the connection's read deadline to idle from now, so a body
+// whose client sends nothing for idle fails its read (and the request's
+// context ends). The deadline is lifted at the body's end (or its first
+// error): net/http then reads on in the background to see the client go,
+// and a deadline there would cancel the request's context.
 type countingBody struct {
-	rc       io.ReadCloser
-	n        int64
+	w     http.ResponseWriter
+	raw   io.ReadCloser // the request's own body
+	rc    io.ReadCloser // raw under the limit
+	limit int64
+	cl    int64 // the request's ContentLength (-1: unknown)
+	n     int64
+
+	ctl      *http.ResponseController
+	idle     time.Duration
+	step     time.Duration // deadlineStep(idle)
+	moved    time.Time     // when the deadline was last set
+	armed    bool
+	eof      bool
 	tooLarge bool
+	stalled  bool
+}
+
+func newCountingBody(w http.ResponseWriter, r *http.Request, limit int64, idle time.Duration) *countingBody {
+	b := &countingBody{w: w, raw: r.Body, cl: r.ContentLength, idle: idle, step: deadlineStep(idle), ctl: http.NewResponseController(w)}
+	b.setLimit(limit)
+	return b
+}
+
+// setLimit sets the limit before the body is read.
+func (b *countingBody) setLimit(limit int64) {
+	b.limit = limit
+	b.rc = http.MaxBytesReader(b.w, b.raw, limit)
 }
 
 func (b *countingBody) Read(p []byte) (int, error) {
+	if b.idle > 0 {
+		if now := time.Now(); now.Sub(b.moved) >= b.step {
+			b.moved = now
+			b.armed = b.ctl.SetReadDeadline(now.Add(b.idle)) == nil
+		}
+	}
 	n, err := b.rc.Read(p)
 	b.n += int64(n)
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		switch {
+		case errors.Is(err, io.EOF):
+			b.eof = true
+		case errors.As(err, &mbe):
 			b.tooLarge = true
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			b.stalled = true
 		}
+		b.disarm()
 	}
 	return n, err
 }
 
-func (b *countingBody) Close() error { return b.rc.Close() }
+// disarm lifts the idle deadline.
+func (b *countingBody) disarm() {
+	if b.armed {
+		b.armed = false
+		_ = b.ctl.SetReadDeadline(time.Time{})
+	}
+}
+
+// unreadBodyWait is how long net/http may go on reading a body the handler
+// left unread before the connection closes (see finish).
+const unreadBodyWait = time.Second
+
+// finish runs when the handler has returned. A body read to its end has its
+// idle deadline lifted. A body left unread (the response said "Connection:
+// close") gets a read deadline unreadBodyWait from now: net/http still
+// reads and discards up to 256 KiB of it before closing the connection, and
+// without a deadline a client that never sends it would hold the
+// connection and its goroutine for as long as it likes.
+func (b *countingBody) finish() {
+	if b.consumed() {
+		b.disarm()
+		return
+	}
+	_ = b.ctl.SetReadDeadline(time.Now().Add(unreadBodyWait))
+}
+
+// consumed reports whether the body was read to its end (or has none).
+func (b *countingBody) consumed() bool {
+	return b.eof || (b.cl >= 0 && b.n >= b.cl)
+}
+
+func (b *countingBody) Close() error {
+	b.disarm()
+	return b.rc.Close()
+}
 
 // clipText shortens and sanitises a client-supplied string for a message or
 // a log attribute.

@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,15 @@ const (
 	MaxHeaderBytes    = 64 << 10
 	// IdleTimeout closes a keep-alive connection idle that long (Serve).
 	IdleTimeout = 2 * time.Minute
+	// TransferIdleTimeout cuts a request whose body sends nothing for that
+	// long (it gets a 400 bad_request and the connection is closed), and a
+	// file download whose client takes nothing for that long (its body is
+	// aborted). The deadline is pushed forward as data moves.
+	TransferIdleTimeout = 60 * time.Second
+
+	// maxJSONBytes limits a JSON request body (create, exec) below
+	// MaxBodyBytes: the JSON decoder holds the whole value in memory.
+	maxJSONBytes int64 = 64 << 20
 
 	// hardStopWait bounds how long Serve waits, once the grace is over and
 	// every exec was told to die, for the handlers to return.
@@ -61,8 +71,10 @@ type Options struct {
 	Provider string
 	// Version is reported by GET /v1/sandbox.
 	Version string
-	// MaxBodyBytes limits every request body (files, exec bodies); 0 means
-	// [DefaultMaxBodyBytes].
+	// MaxBodyBytes limits the body of a file upload; 0 means
+	// [DefaultMaxBodyBytes]. A JSON body (create, exec) has the smaller
+	// limit of min(MaxBodyBytes, 64 MiB). A body whose Content-Length is
+	// over its limit is refused before it is read.
 	MaxBodyBytes int64
 	// Logger receives one line per request and the server's events; nil
 	// discards them.
@@ -86,6 +98,8 @@ type Server struct {
 	provider string
 	version  string
 	maxBody  int64
+	jsonMax  int64         // min(maxBody, maxJSONBytes)
+	idle     time.Duration // TransferIdleTimeout (tests shorten it)
 	grace    time.Duration
 	log      *slog.Logger
 	reg      *prometheus.Registry
@@ -146,6 +160,8 @@ func New(sb sandbox.Sandbox, opts Options) (*Server, error) {
 	if s.maxBody == 0 {
 		s.maxBody = DefaultMaxBodyBytes
 	}
+	s.jsonMax = min(s.maxBody, maxJSONBytes)
+	s.idle = TransferIdleTimeout
 	if s.grace == 0 {
 		s.grace = DefaultShutdownGrace
 	}
@@ -275,7 +291,10 @@ func (s *Server) stopHard() { s.hardStopOnce.Do(func() { close(s.hardStop) }) }
 // Listen listens on addr: "host:port" (TCP) or "unix:/path" (a unix
 // socket: a stale socket file there is removed first, a live one or a
 // non-socket file is an error, and the new socket gets mode 0600). The
-// caller closes the listener (Serve does).
+// socket is made in a fresh 0700 directory beside path, given its mode
+// there and then renamed into place, so it is never reachable with wider
+// permissions. Closing the listener removes the socket file (while it is
+// still this listener's). The caller closes the listener (Serve does).
 func Listen(addr string) (net.Listener, error) {
 	path, isUnix := strings.CutPrefix(addr, "unix:")
 	if !isUnix {
@@ -294,15 +313,63 @@ func Listen(addr string) (net.Listener, error) {
 	if err := removeStaleSocket(path); err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("unix", path)
+	return listenUnix(path)
+}
+
+// listenUnix listens on a socket made in a private directory beside path
+// and renamed into place.
+func listenUnix(path string) (_ net.Listener, err error) {
+	dir, err := os.MkdirTemp(filepath.Dir(path), ".tai42-") // mode 0700
 	if err != nil {
 		return nil, fmt.Errorf("server: listen: %w", err)
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
+	defer os.Remove(dir) // empty once the socket has moved; on failure, after it went
+	tmp := filepath.Join(dir, "s")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	if err != nil {
 		return nil, fmt.Errorf("server: listen: %w", err)
 	}
-	return ln, nil
+	ln.SetUnlinkOnClose(false) // the file moves; unixListener.Close removes it
+	defer func() {
+		if err != nil {
+			ln.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		return nil, fmt.Errorf("server: listen: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return nil, fmt.Errorf("server: listen: %w", err)
+	}
+	fi, err := os.Lstat(path)
+	if err != nil {
+		os.Remove(path)
+		return nil, fmt.Errorf("server: listen: %w", err)
+	}
+	return &unixListener{UnixListener: ln, path: path, fi: fi}, nil
+}
+
+// unixListener is a unix socket listener renamed into place: its address
+// is the final path, and Close removes the socket file unless another
+// file has replaced it since.
+type unixListener struct {
+	*net.UnixListener
+	path string
+	fi   os.FileInfo
+	once sync.Once
+}
+
+func (l *unixListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
+
+func (l *unixListener) Close() error {
+	err := l.UnixListener.Close()
+	l.once.Do(func() {
+		if fi, lerr := os.Lstat(l.path); lerr == nil && os.SameFile(fi, l.fi) {
+			_ = os.Remove(l.path)
+		}
+	})
+	return err
 }
 
 // removeStaleSocket removes a socket file at path that no one listens on.

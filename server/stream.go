@@ -30,9 +30,13 @@ const (
 	// safetyMargin: the provider's own timeout is requested*2 + this, a
 	// safety net behind the server's deadline.
 	safetyMargin = 30 * time.Second
-	// stdinQueueBytes bounds the stdin data read from the client and not yet
-	// written to the exec; past it the reader stops reading (back-pressure).
-	stdinQueueBytes = 2 * api.MaxStdinFrame
+	// stdinQueueBytes and stdinQueueFrames bound the stdin a client may send
+	// ahead of its acks: at most this much stdin data, and this many stdin
+	// and close_stdin frames, received and not yet acked. A frame past
+	// either is a protocol violation, so the reader never waits for room:
+	// a kill frame is read at once whatever stdin is queued.
+	stdinQueueBytes  = 2 * api.MaxStdinFrame
+	stdinQueueFrames = 1024
 	// maxOutFrame is the most output data one binary frame carries.
 	maxOutFrame = api.MaxStdinFrame
 )
@@ -45,9 +49,17 @@ type streamTiming struct {
 	ping, pong time.Duration
 	// start: the start frame must arrive this soon after the upgrade.
 	start time.Duration
+	// paused bounds how long a client that does not read (the output sent
+	// to it unread, in front of the ping and the last frame) keeps its
+	// connection once its exec is being killed or has ended, when the
+	// exec's deadline no longer bounds the wait. A client whose connection
+	// closes is seen at once by the reader; this bound is for a peer that
+	// keeps its connection open but reads nothing, or vanished without a
+	// trace: it cannot pin the stream's goroutines for longer.
+	paused time.Duration
 }
 
-var defaultTiming = streamTiming{ping: 15 * time.Second, pong: 15 * time.Second, start: 30 * time.Second}
+var defaultTiming = streamTiming{ping: 15 * time.Second, pong: 15 * time.Second, start: 30 * time.Second, paused: 10 * time.Minute}
 
 // execStream serves the interactive exec (GET /v1/sessions/{id}/exec/stream,
 // protocol in package api's doc). The WebSocket is accepted only after the
@@ -176,6 +188,17 @@ type execStream struct {
 
 	wg    sync.WaitGroup // reader, control, pinger, stdin worker
 	kills sync.WaitGroup // kill frames in progress
+	// stdinCtx (a child of ctx) bounds the stdin worker; end stops it and
+	// waits for it (stdinWG) before the last frame, so that the ack of an
+	// op applied before the end comes before it.
+	stdinCtx  context.Context
+	stopStdin context.CancelFunc
+	stdinWG   sync.WaitGroup
+	// discarded is closed once the reader has stopped reading: end waits for
+	// it before the close handshake after an oversized frame, whose rest
+	// the reader discards (bounded by the violation's drop timer).
+	discarded chan struct{}
+	t0        time.Time // the stream's creation, the origin of endingAt
 
 	mu           sync.Mutex
 	ended        bool // the stream's end is decided: no new kill goroutine, no abort
@@ -186,19 +209,27 @@ type execStream struct {
 	clientKilled bool        // a kill frame came first: the deadline no longer applies
 	shutdownHit  bool        // the server killed the exec at shutdown
 	dropTimers   []*time.Timer
+	closeStatus  websocket.StatusCode // a violation's close status
 
 	wmu       sync.Mutex // serialises frames so that the final one is last
 	finalSent bool
 
-	gotStart    atomic.Bool
-	ending      atomic.Bool  // the exec is being killed or has ended: back-pressure no longer excuses a silent client
+	gotStart atomic.Bool
+	// endingAt is 1 + the time from t0 at which the exec began to be killed
+	// or ended (0 before): from then on, a paused client is waited for at
+	// most timing.paused (see pauseLeft).
+	endingAt    atomic.Int64
 	writing     atomic.Bool  // a frame write is in progress
 	bytesAtPong atomic.Int64 // bytesOut when the last pong's ping was sent
-	readerWaits atomic.Bool  // the reader waits for room in the stdin queue
-	bytesIn     atomic.Int64
-	bytesOut    atomic.Int64
-	outLen      atomic.Int64
-	errLen      atomic.Int64
+	// unackedBytes and unackedFrames count the stdin (data; stdin and
+	// close_stdin frames) received and not yet acked. The reader adds, the
+	// stdin worker subtracts before it sends the ack.
+	unackedBytes  atomic.Int64
+	unackedFrames atomic.Int64
+	bytesIn       atomic.Int64
+	bytesOut      atomic.Int64
+	outLen        atomic.Int64
+	errLen        atomic.Int64
 }
 
 func newExecStream(s *Server, conn *websocket.Conn, sess sandbox.Session, rs *reqState) *execStream {
@@ -206,9 +237,12 @@ func newExecStream(s *Server, conn *websocket.Conn, sess sandbox.Session, rs *re
 		s: s, conn: conn, sess: sess, rs: rs,
 		startCh:   make(chan api.ExecRequest),
 		startedCh: make(chan struct{}),
-		queue:     newStdinQueue(stdinQueueBytes),
+		queue:     &stdinQueue{ready: make(chan struct{}, 1)},
+		discarded: make(chan struct{}),
+		t0:        time.Now(),
 	}
 	st.ctx, st.cancel = context.WithCancel(context.Background())
+	st.stdinCtx, st.stopStdin = context.WithCancel(st.ctx)
 	st.ioCtx, st.dropIO = context.WithCancel(context.Background())
 	return st
 }
@@ -226,7 +260,12 @@ func (st *execStream) run() {
 			st.end(terminal{}, st.h != nil)
 		}
 	}()
-	st.conn.SetReadLimit(api.MaxClientFrame)
+	// The reader enforces api.MaxClientFrame itself (it never holds more
+	// than one byte over it), so that an oversized frame gets an error frame
+	// before the close: coder/websocket's own limit sends its close at once,
+	// after which no frame can be written, and would fire again while the
+	// reader discards the rest of the frame.
+	st.conn.SetReadLimit(-1)
 	st.goSafe("reader", st.readLoop)
 	st.goSafe("control", st.control)
 	st.goSafe("pinger", st.pinger)
@@ -261,7 +300,11 @@ func (st *execStream) run() {
 	// from here on, frames sent and unanswered pings mean a paused reader.
 	st.bytesAtPong.Store(st.bytesOut.Load())
 	st.closeStarted()
-	st.goSafe("stdin", st.stdinWorker)
+	st.stdinWG.Add(1)
+	st.goSafe("stdin", func() {
+		defer st.stdinWG.Done()
+		st.stdinWorker()
+	})
 
 	term, aborted := st.pump()
 	if aborted {
@@ -325,7 +368,25 @@ func (st *execStream) markEnded() {
 	st.mu.Lock()
 	st.ended = true
 	st.mu.Unlock()
-	st.ending.Store(true)
+	st.markEnding()
+}
+
+// markEnding records that the exec is being killed or has ended (once):
+// the exec's deadline no longer bounds how long a paused client is waited
+// for, timing.paused from now does.
+func (st *execStream) markEnding() {
+	st.endingAt.CompareAndSwap(0, int64(time.Since(st.t0))+1)
+}
+
+// pauseLeft is how much longer a client that does not read is waited for:
+// unbounded here before the exec is being killed or has ended (its deadline
+// bounds it), then what remains of timing.paused.
+func (st *execStream) pauseLeft() time.Duration {
+	at := st.endingAt.Load()
+	if at == 0 {
+		return math.MaxInt64
+	}
+	return time.Duration(at-1) + st.s.timing.paused - time.Since(st.t0)
 }
 
 // drain reads the stream to its end after a kill, so that the provider
@@ -363,14 +424,19 @@ func (st *execStream) count(c *sandbox.StreamChunk) {
 // that is gone loses its connection at once, any other abort bounds the
 // last frame by closeTimeout. It reports whether this call aborted.
 func (st *execStream) abortWith(kind abortKind, msg string) bool {
+	return st.abortStatus(kind, msg, websocket.StatusPolicyViolation)
+}
+
+// abortStatus is abortWith with the close status of a violation.
+func (st *execStream) abortStatus(kind abortKind, msg string, status websocket.StatusCode) bool {
 	st.mu.Lock()
 	if st.ended || st.abort != abortNone {
 		st.mu.Unlock()
 		return false
 	}
-	st.abort, st.abortMsg = kind, msg
+	st.abort, st.abortMsg, st.closeStatus = kind, msg, status
 	st.mu.Unlock()
-	st.ending.Store(true)
+	st.markEnding()
 	st.cancel()
 	if kind == abortGone {
 		st.dropIO()
@@ -387,16 +453,35 @@ func (st *execStream) addDropTimer(d time.Duration) {
 	st.mu.Unlock()
 }
 
+// gone ends the stream for a client whose connection failed (the reader's
+// error). When the stream's end is already decided, or another abort came
+// first, the connection is dropped all the same: a last frame blocked on a
+// client whose connection is closed gives up at once. (After the last
+// frame and the close frame only the close handshake, which does not use
+// ioCtx, is left to cut.)
+func (st *execStream) gone() {
+	if !st.abortWith(abortGone, "") {
+		st.dropIO()
+	}
+}
+
 // violate ends the stream for a protocol violation: error frame
 // bad_request, exec killed, close 1008. kill is true only where st.h may
 // be read (the reader after the start).
 func (st *execStream) violate(msg string, kill bool) {
-	if !st.abortWith(abortViolation, msg) {
-		return
+	st.violateWith(websocket.StatusPolicyViolation, msg, kill)
+}
+
+// violateWith is violate with the close status; it reports whether this
+// call aborted the stream.
+func (st *execStream) violateWith(status websocket.StatusCode, msg string, kill bool) bool {
+	if !st.abortStatus(abortViolation, msg, status) {
+		return false
 	}
 	if kill {
 		st.killExec()
 	}
+	return true
 }
 
 // killExec kills the exec, bounded by killTimeout; a failure, or a panic

@@ -14,27 +14,41 @@ import (
 // end decides and sends the stream's last frame, closes the connection and
 // waits for the stream's goroutines. ran says the exec was started.
 func (st *execStream) end(term terminal, ran bool) {
+	st.markEnding()
 	// Whatever blocks below on a client that does not read is cut by
-	// dropping the connection.
-	st.addDropTimer(killTimeout + 2*closeTimeout)
+	// dropping the connection: a client whose connection closed at once
+	// (the reader sees it), one that broke the protocol or at shutdown by
+	// their own timers (closeTimeout), and one merely paused, its output
+	// unread in front of the last frame, once timing.paused has passed
+	// since its exec began to be killed or ended (at least killTimeout +
+	// 2*closeTimeout from now, for the kill and the close below). A peer
+	// that vanished without a trace holds the stream no longer than that.
+	st.addDropTimer(max(killTimeout+2*closeTimeout, st.pauseLeft()))
 	st.mu.Lock()
 	st.ended = true
-	abort, msg := st.abort, st.abortMsg
+	abort, msg, status := st.abort, st.abortMsg, st.closeStatus
 	deadlineHit, shutdownHit := st.deadlineHit, st.shutdownHit
 	if st.deadline != nil {
 		st.deadline.Stop()
 	}
 	st.mu.Unlock()
-	st.ending.Store(true)
 
 	if ran {
 		st.kills.Wait()
 		st.killExec() // done with the handle: the provider frees it, and what the command left running ends
+		// The stdin op in progress ends (the exec is dead, and stdinCtx is
+		// cancelled); when it was applied, its ack goes before the last
+		// frame. No op is applied after.
+		st.stopStdin()
+		st.stdinWG.Wait()
 		st.s.met.execDuration.WithLabelValues(modeStream).Observe(time.Since(st.began).Seconds())
 	}
-	frame, code, reason, send := st.lastFrame(term, ran, abort, msg, deadlineHit, shutdownHit)
+	frame, code, reason, send := st.lastFrame(term, ran, abort, msg, status, deadlineHit, shutdownHit)
 	if send {
 		if err := st.sendJSON(frame, true); err == nil {
+			if abort == abortViolation && status == websocket.StatusMessageTooBig {
+				<-st.discarded // the reader reads the oversized frame to its end (bounded by a drop timer)
+			}
 			_ = st.conn.Close(code, reason)
 		}
 	}
@@ -54,7 +68,7 @@ func (st *execStream) end(term terminal, ran bool) {
 
 // lastFrame is the stream's final frame and close status. send is false
 // when the client is gone.
-func (st *execStream) lastFrame(term terminal, ran bool, abort abortKind, msg string, deadlineHit, shutdownHit bool) (api.Frame, websocket.StatusCode, string, bool) {
+func (st *execStream) lastFrame(term terminal, ran bool, abort abortKind, msg string, violation websocket.StatusCode, deadlineHit, shutdownHit bool) (api.Frame, websocket.StatusCode, string, bool) {
 	errFrame := func(err error, exit *sandbox.StreamExit) api.Frame {
 		e := api.ErrorFrom(err)
 		f := api.Frame{Type: api.FrameError, Error: &e}
@@ -68,7 +82,7 @@ func (st *execStream) lastFrame(term terminal, ran bool, abort abortKind, msg st
 	case abortGone:
 		return api.Frame{}, 0, "", false
 	case abortViolation:
-		return errFrame(api.Transportf(api.KindBadRequest, "%s", msg), nil), websocket.StatusPolicyViolation, closeReason(msg), true
+		return errFrame(api.Transportf(api.KindBadRequest, "%s", msg), nil), violation, closeReason(msg), true
 	case abortShutdown:
 		return errFrame(errStreamShutdown, term.exit), websocket.StatusGoingAway, "the daemon is shutting down", true
 	case abortInternal:

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"sync"
 
 	"github.com/coder/websocket"
@@ -13,21 +14,30 @@ import (
 )
 
 // readLoop reads every client frame: the start first, then stdin,
-// close_stdin and kill. Any read error means the client is gone.
+// close_stdin and kill. Any read error means the client is gone. It never
+// waits on anything but the client: stdin goes to an unbounded queue
+// (bounded by the protocol's limit on stdin not yet acked, see enqueue).
 func (st *execStream) readLoop() {
+	defer close(st.discarded)
 	var buf bytes.Buffer // reused: a frame's bytes are copied out before the next read
 	for {
 		typ, rd, err := st.conn.Reader(st.ioCtx)
 		if err == nil {
 			buf.Reset()
-			_, err = buf.ReadFrom(rd)
+			// At most one byte over the limit: enough to tell an oversized
+			// frame, never more of it in memory.
+			_, err = buf.ReadFrom(io.LimitReader(rd, api.MaxClientFrame+1))
 		}
 		if err != nil {
-			st.abortWith(abortGone, "")
+			st.gone()
 			return
 		}
 		data := buf.Bytes()
 		st.bytesIn.Add(int64(len(data)))
+		if len(data) > api.MaxClientFrame {
+			st.tooBig(typ, rd)
+			return
+		}
 		if !st.gotStart.Load() {
 			req, msg := parseStart(typ, data)
 			if msg != "" {
@@ -53,6 +63,27 @@ func (st *execStream) readLoop() {
 		if !st.handleFrame(typ, data) {
 			return
 		}
+	}
+}
+
+// tooBig ends the stream for a frame over api.MaxClientFrame: an error
+// frame of kind bad_request naming the limit, the exec killed, close 1009
+// (message too big). While end sends the error frame the reader reads the
+// rest of the frame and discards it; end waits for that before the close
+// handshake, so that the handshake starts at a message boundary (its own
+// skipping of a frame's rest has no time limit). The violation's drop
+// timer (closeTimeout) bounds the read. When the stream's end was already
+// decided the reader just stops, as after any violation then.
+func (st *execStream) tooBig(typ websocket.MessageType, rd io.Reader) {
+	what := "binary"
+	if typ == websocket.MessageText {
+		what = "text"
+	}
+	msg := fmt.Sprintf("a %s frame of more than %d bytes: a client frame is at most %d bytes (a stdin frame carries at most %d bytes of data; split larger input)",
+		what, api.MaxClientFrame, api.MaxClientFrame, api.MaxStdinFrame)
+	// After the start frame h is set (the reader waited for it).
+	if st.violateWith(websocket.StatusMessageTooBig, msg, st.gotStart.Load()) {
+		_, _ = io.Copy(io.Discard, rd)
 	}
 }
 
@@ -86,6 +117,10 @@ func (st *execStream) handleFrame(typ websocket.MessageType, data []byte) bool {
 			st.violate(fmt.Sprintf("bad binary frame (%s, %d bytes): %v", tag, len(data), err), true)
 			return false
 		}
+		if id == 0 {
+			st.violate("a stdin frame with id 0: frame ids start at 1", true)
+			return false
+		}
 		return st.enqueue(stdinOp{id: id, data: bytes.Clone(payload)})
 	}
 	var head struct {
@@ -105,6 +140,10 @@ func (st *execStream) handleFrame(typ websocket.MessageType, data []byte) bool {
 			st.violate(fmt.Sprintf("malformed %s frame: %v", head.Type, err), true)
 			return false
 		}
+		if f.ID == 0 {
+			st.violate(fmt.Sprintf("a %s frame without an id (or with id 0): frame ids start at 1", f.Type), true)
+			return false
+		}
 		if f.Type == api.FrameKill {
 			st.clientKill(f.ID)
 			return true
@@ -118,12 +157,32 @@ func (st *execStream) handleFrame(typ websocket.MessageType, data []byte) bool {
 	return false
 }
 
-// enqueue hands a stdin op to the worker, waiting for room (back-pressure).
+// enqueue hands a stdin op to the worker, never waiting. The protocol
+// bounds what waits in the queue: at most stdinQueueBytes of stdin data
+// and stdinQueueFrames stdin and close_stdin frames received and not yet
+// acked; a frame past either is a violation. The worker subtracts an op
+// before it sends its ack, so a client that waits for acks never crosses
+// the limit by a race.
 func (st *execStream) enqueue(op stdinOp) bool {
-	st.readerWaits.Store(true)
-	ok := st.queue.put(st.ctx, op)
-	st.readerWaits.Store(false)
-	return ok
+	n := int64(len(op.data))
+	if b := st.unackedBytes.Load() + n; b > stdinQueueBytes {
+		st.violate(fmt.Sprintf("stdin frame %d (%d bytes) brings the stdin received and not yet acked to %d bytes, over the limit of %d (2 MiB): wait for acks before sending more",
+			op.id, n, b, stdinQueueBytes), true)
+		return false
+	}
+	if st.unackedFrames.Load() >= stdinQueueFrames {
+		what := "stdin"
+		if op.close {
+			what = api.FrameCloseStdin
+		}
+		st.violate(fmt.Sprintf("%s frame %d: more than %d stdin and close_stdin frames received and not yet acked: wait for acks before sending more",
+			what, op.id, stdinQueueFrames), true)
+		return false
+	}
+	st.unackedBytes.Add(n)
+	st.unackedFrames.Add(1)
+	st.queue.put(op)
+	return true
 }
 
 // clientKill kills the exec at once, in its own goroutine (a WriteStdin may
@@ -143,7 +202,7 @@ func (st *execStream) clientKill(id uint64) {
 	}
 	st.kills.Add(1)
 	st.mu.Unlock()
-	st.ending.Store(true)
+	st.markEnding()
 	go func() {
 		defer st.kills.Done()
 		defer st.recoverPanic("kill")
@@ -153,40 +212,38 @@ func (st *execStream) clientKill(id uint64) {
 	}()
 }
 
-// stdinWorker applies stdin ops in order and acks each.
+// stdinWorker applies stdin ops in order and acks each, until end stops
+// it (stdinCtx).
 func (st *execStream) stdinWorker() {
 	for {
-		op, ok := st.queue.get(st.ctx)
+		op, ok := st.queue.get(st.stdinCtx)
 		if !ok {
 			return
 		}
 		var err error
 		if op.close {
-			err = st.h.CloseStdin(st.ctx)
-		} else if err = st.h.WriteStdin(st.ctx, op.data); err == nil {
+			err = st.h.CloseStdin(st.stdinCtx)
+		} else if err = st.h.WriteStdin(st.stdinCtx, op.data); err == nil {
 			st.s.met.streamed(dirStdin, len(op.data))
 		}
-		if st.ctx.Err() != nil {
-			return // the stream is over: no one to ack
+		if err != nil && st.stdinCtx.Err() != nil {
+			return // the stream is ending and cut the op short: no ack
 		}
+		// Released before the ack leaves: a client that sends more once it
+		// has the ack finds the room.
+		st.unackedBytes.Add(-int64(len(op.data)))
+		st.unackedFrames.Add(-1)
 		st.sendAck(op.id, err)
 	}
 }
 
-// stdinQueue is a FIFO of stdin ops bounded in bytes, for one producer (the
-// reader) and one consumer (the worker). An op always fits in an empty
-// queue, so a frame of any size moves.
+// stdinQueue is a FIFO of stdin ops for one producer (the reader) and one
+// consumer (the worker). put never waits: the protocol's limit on stdin not
+// yet acked (enqueue) bounds what it holds.
 type stdinQueue struct {
 	mu    sync.Mutex
 	items []stdinOp
-	bytes int
-	limit int
 	ready chan struct{} // an item was added; capacity 1
-	space chan struct{} // an item was taken; capacity 1
-}
-
-func newStdinQueue(limit int) *stdinQueue {
-	return &stdinQueue{limit: limit, ready: make(chan struct{}, 1), space: make(chan struct{}, 1)}
 }
 
 func signal(c chan struct{}) {
@@ -196,24 +253,12 @@ func signal(c chan struct{}) {
 	}
 }
 
-// put appends op, waiting while the queue is full; false when ctx ended.
-func (q *stdinQueue) put(ctx context.Context, op stdinOp) bool {
-	for {
-		q.mu.Lock()
-		if len(q.items) == 0 || q.bytes+len(op.data) <= q.limit {
-			q.items = append(q.items, op)
-			q.bytes += len(op.data)
-			q.mu.Unlock()
-			signal(q.ready)
-			return true
-		}
-		q.mu.Unlock()
-		select {
-		case <-q.space:
-		case <-ctx.Done():
-			return false
-		}
-	}
+// put appends op.
+func (q *stdinQueue) put(op stdinOp) {
+	q.mu.Lock()
+	q.items = append(q.items, op)
+	q.mu.Unlock()
+	signal(q.ready)
 }
 
 // get takes the oldest op, waiting for one; false when ctx ended.
@@ -224,9 +269,7 @@ func (q *stdinQueue) get(ctx context.Context) (stdinOp, bool) {
 			op := q.items[0]
 			q.items[0] = stdinOp{}
 			q.items = q.items[1:]
-			q.bytes -= len(op.data)
 			q.mu.Unlock()
-			signal(q.space)
 			return op, true
 		}
 		q.mu.Unlock()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/tai42/sandbox"
 )
 
 // control runs the start timeout, the exec's deadline and the shutdown.
@@ -47,17 +49,45 @@ func (st *execStream) control() {
 }
 
 // onDeadline kills the exec at the requested timeout unless a kill frame
-// came first or the stream already ended.
+// came first or the stream already ended, and unless the exec exited in
+// time: the pump may not have read its exit yet, blocked sending output the
+// client has not read, and that is no timeout (see exitedInTime).
 func (st *execStream) onDeadline() {
+	exited := st.exitedInTime()
 	st.mu.Lock()
 	if st.ended || st.clientKilled || st.abort != abortNone {
 		st.mu.Unlock()
 		return
 	}
+	if exited {
+		st.mu.Unlock()
+		// The stream ends with the exec's exit once the client has read
+		// its output; from now on timing.paused bounds the wait for it.
+		st.markEnding()
+		return
+	}
 	st.deadlineHit = true
 	st.mu.Unlock()
-	st.ending.Store(true)
+	st.markEnding()
 	st.killExec()
+}
+
+// exitedInTime reports whether the exec's own command has exited, as told
+// by a handle that implements sandbox.ExitWatcher. A provider whose handles
+// do not cannot tell the server: at the deadline an exec whose exit the
+// pump has not read yet is killed and reported as a timeout, even one that
+// exited in time and whose output the client had not read yet.
+func (st *execStream) exitedInTime() bool {
+	w, ok := st.h.(sandbox.ExitWatcher)
+	if !ok {
+		return false
+	}
+	select {
+	case <-w.Exited():
+		return true
+	default:
+		return false
+	}
 }
 
 // onShutdown kills the exec (or aborts a stream not started yet); it
@@ -76,7 +106,7 @@ func (st *execStream) onShutdown(started bool) bool {
 		st.shutdownHit = true
 	}
 	st.mu.Unlock()
-	st.ending.Store(true)
+	st.markEnding()
 	st.killExec()
 	return true
 }
@@ -101,15 +131,17 @@ func (st *execStream) pinger() {
 }
 
 // backPressured reports that the client is slow, not gone: we wait on its
-// reading (a frame write in progress), it waits on the exec's stdin, or
-// frames were sent since its last pong, which may sit unread in front of
-// the ping (a client applying back-pressure reads nothing, so answers no
-// ping, until its consumer catches up). A slow client is not judged by
-// pongs until its exec is killed or ended; the exec's own deadline bounds
-// the wait, and a client whose connection closes is seen by the reader.
+// reading (a frame write in progress), or frames were sent since its last
+// pong, which may sit unread in front of the ping (a client applying
+// back-pressure reads nothing, so answers no ping, until its consumer
+// catches up). A slow client is not judged by pongs: until its exec is
+// being killed or has ended the exec's own deadline bounds the wait, from
+// then on timing.paused does (a client paused across the deadline still
+// gets its output and the last frame once it reads again). A client whose
+// connection closes is seen by the reader at once.
 func (st *execStream) backPressured() bool {
 	unread := st.bytesOut.Load() != st.bytesAtPong.Load()
-	return (st.writing.Load() || st.readerWaits.Load() || unread) && !st.ending.Load()
+	return (st.writing.Load() || unread) && st.pauseLeft() > 0
 }
 
 // pingOnce sends one ping; no pong within timing.pong (unless the client

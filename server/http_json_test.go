@@ -1,0 +1,92 @@
+package server
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/tai42/sandbox/api"
+)
+
+// TestStrictJSONKeys: a key that is not exactly a field's name (encoding/json
+// would take "ARGV" for argv) and a duplicate key at any depth (the last
+// would win silently) are refused with bad_request naming the key; a body
+// that is not one JSON object is refused as such.
+func TestStrictJSONKeys(t *testing.T) {
+	e := newEnv(t)
+	id := e.create(hostSpec()).ID
+	execPath := "/v1/sessions/" + id + "/exec"
+	for _, c := range []struct {
+		name, path, body string
+		mention          string
+	}{
+		{"upper-case field", execPath, `{"ARGV":["true"],"timeout_seconds":1}`, `"ARGV"`},
+		{"mixed-case field", execPath, `{"argv":["true"],"Timeout_Seconds":1}`, `"Timeout_Seconds"`},
+		{"capitalised spec field", "/v1/sessions", `{"Image":"host","durability":"ephemeral","network":"egress","ttl_seconds":60}`, `"Image"`},
+		{"duplicate field", execPath, `{"argv":["true"],"argv":["false"],"timeout_seconds":1}`, `"argv"`},
+		{"duplicate by escape", execPath, `{"argv":["true"],"\u0061rgv":["false"],"timeout_seconds":1}`, `"argv"`},
+		{"duplicate env key", execPath, `{"argv":["true"],"env":{"A":"1","B":"2","A":"3"},"timeout_seconds":1}`, `"env.A"`},
+		{"duplicate label", "/v1/sessions", `{"image":"host","durability":"ephemeral","network":"egress","ttl_seconds":60,"labels":{"x":"1","x":"1"}}`, `"labels.x"`},
+		{"null", execPath, `null`, "must be one JSON object, not null"},
+		{"number", execPath, `42`, "must be one JSON object, not a number"},
+		{"string", "/v1/sessions", `"host"`, "must be one JSON object, not a string"},
+		{"boolean", "/v1/sessions", `true`, "must be one JSON object, not a boolean"},
+		{"array", "/v1/sessions", `[{}]`, "must be one JSON object, not an array"},
+		{"object then null", "/v1/sessions", `{} null`, "more than one JSON value"},
+		{"deep nesting", execPath, `{"argv":` + strings.Repeat("[", 5000) + strings.Repeat("]", 5000) + `}`, "deeper"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			er := e.callErr("POST", c.path, c.body, http.StatusBadRequest, api.KindBadRequest)
+			if !strings.Contains(er.Message, c.mention) {
+				t.Errorf("message %q does not mention %s", er.Message, c.mention)
+			}
+		})
+	}
+	// Exact keys, distinct env and label keys (case matters there: they
+	// are names, not fields) are taken.
+	res := e.exec(id, api.ExecRequest{Argv: []string{"sh", "-c", `echo "$A$a"`}, Env: map[string]string{"A": "1", "a": "2"}, TimeoutSeconds: 10})
+	if res.Stdout != "12\n" {
+		t.Errorf("exec with env A and a: %+v", res)
+	}
+	spec := hostSpec()
+	spec.Labels = map[string]string{"x": "1", "X": "2"}
+	if info := e.create(spec); info.Labels["x"] != "1" || info.Labels["X"] != "2" {
+		t.Errorf("labels %v", info.Labels)
+	}
+	e.call("POST", execPath, "\n {\"argv\":[\"true\"],\"timeout_seconds\":1} \n", http.StatusOK, nil)
+}
+
+// TestCheckKeys: the key walk on its own, over the API's bodies.
+func TestCheckKeys(t *testing.T) {
+	var spec api.SessionSpec
+	var req api.ExecRequest
+	for _, c := range []struct {
+		v    any
+		body string
+		want string // "" ok; else in the error
+	}{
+		{&req, `{"argv":["a","b"],"env":{"K":"v"},"stdin_base64":null,"timeout_seconds":1.5,"cwd":"x","type":""}`, ""},
+		{&req, `{"argv":[{"a":1,"a":2}]}`, `"argv[0].a" twice`}, // a wrong type, yet a duplicate first
+		{&req, `{"env":{"K":{"x":1}}}`, ""},                     // a wrong type: encoding/json's to refuse
+		{&req, `{"argv":[],"stdin":"eA=="}`, `unknown field "stdin"`},
+		{&req, `{"Argv":[]}`, `unknown field "Argv"`},
+		{&spec, `{"image":"h","isolation":null,"cpu":null,"memory_mb":1,"labels":{"a":"b"}}`, ""},
+		{&spec, `{"isolation":"none","isolation":"none"}`, `"isolation" twice`},
+		{&spec, `{"env":{"a":"1","A":"2"}}`, ""},
+		{&spec, ``, "empty"},
+		{&spec, `   `, "empty"},
+		{&spec, `{"image":`, "unexpected EOF"},
+		{&spec, `{"image" "h"}`, "invalid character"},
+		{&spec, `{}}`, "invalid character"},
+	} {
+		err := decodeStrict(strings.NewReader(c.body), c.v)
+		var se *shapeError
+		switch {
+		case c.want == "" && err != nil && errors.As(err, &se):
+			t.Errorf("%s: %v", c.body, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: error %v, want one with %q", c.body, err, c.want)
+		}
+	}
+}
