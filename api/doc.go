@@ -39,28 +39,39 @@
 // subprotocol, or for an unknown session, gets a JSON error (400, 404). A
 // start that fails after it (bad argv, a rejected timeout) gets an "error"
 // frame and the close. The start frame must come within 30 s. After the
-// last frame the server closes with status 1000; a protocol violation (a
+// last frame the server closes with status 1000. A protocol violation (a
 // binary frame not tagged 0x00, an unknown type, a second start, bad JSON,
-// an unknown field) gets an "error" frame of kind bad_request, its exec is
-// killed and the close is 1008; daemon shutdown ends a running exec with an
-// "error" frame of kind shutting_down (with exit_code) and close 1001; an
-// internal failure closes with 1011. No ack follows the last frame: a
-// client resolves what it still waits for when the stream ends.
+// an unknown field, a frame id of 0, too much stdin unacked) gets an
+// "error" frame of kind bad_request, its exec is killed and the close is
+// 1008; a frame over MaxClientFrame gets the same error frame and close
+// 1009. Daemon shutdown ends a running exec with an "error" frame of kind
+// shutting_down (with exit_code) and close 1001; an internal failure closes
+// with 1011.
 //
-// Stdin frames and close_stdin are applied in the order sent (the server
-// holds at most 2 MiB of stdin not yet written; past that it stops reading,
-// which is the back-pressure); kill is applied as soon as it is read, even
-// while a stdin write waits on a full pipe. A client that waits for each
-// stdin ack before the next frame (as the Go client does) never has a kill
-// stuck behind queued stdin. An "error" frame of kind exec_timeout carries
-// exit_code when the server killed the exec at its deadline and read its
-// status: a client whose kill returned before it delivered the timeout
-// reports that exit instead, as the contract requires.
+// Ids of stdin, close_stdin and kill frames are the client's, from 1 up.
+// Stdin frames and close_stdin are applied in the order sent; the ack of
+// one already applied comes before the last frame, and no ack follows the
+// last frame (a client resolves what it still waits for when the stream
+// ends). A client may have at most 2 MiB of stdin data and 1024 stdin and
+// close_stdin frames sent and not yet acked: the server never stops
+// reading, so a kill is applied as soon as it arrives, even while a stdin
+// write waits on a full pipe. A client that waits for each stdin ack
+// before its next stdin frame (as the Go client does) never meets the
+// limit.
 //
-// Liveness: a client that closes the connection or whose connection drops
-// has its exec killed. The server pings every 15 s; a client that answers
-// no ping within 15 s while the server has sent it nothing since its last
-// pong is taken for gone. A client that stops reading while output it has
-// not read is on its way (back-pressure) is not: the exec's own deadline
-// bounds it.
+// Deadline: the server enforces timeout_seconds itself. An "error" frame of
+// kind exec_timeout carries exit_code when the server killed the exec at
+// its deadline and read its status: a client whose kill returned before it
+// delivered the timeout reports that exit instead, as the contract
+// requires. An exec whose command exited before the deadline ends with its
+// own exit even when its output is read after the deadline, where the
+// provider's handles implement sandbox.ExitWatcher (the host's do).
+//
+// Liveness: a client that closes the connection, or whose connection
+// drops, has its exec killed. The server pings every 15 s; a client that
+// answers no ping within 15 s while the server has sent it nothing since
+// its last pong is taken for gone. A client that stops reading while
+// output it has not read is on its way (back-pressure) is not: before its
+// exec ends, the exec's deadline bounds the wait; after, the server keeps
+// the stream 10 minutes for it to read the rest.
 package api
