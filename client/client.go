@@ -25,6 +25,29 @@ const (
 	// before its reader stops reading from the daemon (back-pressure), as
 	// the host provider's default stream buffer does.
 	StreamBuffer = 4 << 20
+	// ackBound is the output bound of an interactive exec's handle while a
+	// stdin or close_stdin ack is awaited (see handle.full). It must hold
+	// all the output the daemon can have sent ahead of an ack, so that the
+	// ack of an exec that has exited always arrives with nobody reading.
+	// Ahead of the ack are: StreamBuffer already queued; at most two output
+	// frames of api.MaxStdinFrame bytes (the daemon writes frames and acks
+	// under one mutex, which Go hands to a waiter that has waited 1 ms, so
+	// the ack follows the frame being written and at most one more); and
+	// what the TCP stacks and WebSocket buffers hold on the way (Linux's
+	// default limits: 4 MiB sent, 6 MiB received; about 6 MiB measured on
+	// loopback). That is 16 MiB, 20 MiB should the daemon's whole output
+	// buffer (the host runner's 4 MiB) go first; ackBound is 32 MiB, for
+	// socket limits raised above the defaults, TLS and proxies. Past it the
+	// reader waits for Next (or a Kill, which lifts the bound), and
+	// WriteStdin for its ctx. Below it, nothing waits on the consumer.
+	ackBound = 8 * StreamBuffer
+	// goneAfter is how long a handle's reader waits at its bound before it
+	// checks, every goneEvery, with goneTimeout per check, whether the
+	// session still exists (a session destroyed elsewhere frees the
+	// handle).
+	goneAfter   = 2 * time.Second
+	goneEvery   = 2 * time.Second
+	goneTimeout = 5 * time.Second
 	// MaxIdleConnsPerHost is how many idle keep-alive connections the
 	// client's own transport keeps to the daemon, so that parallel calls
 	// reuse connections.
@@ -58,6 +81,10 @@ type Client struct {
 
 	regMu   sync.Mutex
 	handles map[string]map[*handle]struct{} // live exec handles by session id
+
+	// goneAfter, goneEvery and goneTimeout time the session checks of a
+	// handle's reader waiting at its bound (tests shorten them).
+	goneAfter, goneEvery, goneTimeout time.Duration
 }
 
 var _ sandbox.Sandbox = (*Client)(nil)
@@ -88,7 +115,8 @@ func WithTLSConfig(cfg *tls.Config) Option {
 // It does no I/O. A URL it cannot use is reported by every call, as a
 // *sandbox.SandboxError.
 func New(rawURL, token string, opts ...Option) *Client {
-	c := &Client{token: token, handles: make(map[string]map[*handle]struct{})}
+	c := &Client{token: token, handles: make(map[string]map[*handle]struct{}),
+		goneAfter: goneAfter, goneEvery: goneEvery, goneTimeout: goneTimeout}
 	for _, o := range opts {
 		if o != nil {
 			o(c)

@@ -32,10 +32,26 @@
 // queue bounded at [StreamBuffer] bytes (when it is full the reader stops
 // reading, which back-pressures the daemon and the exec); acknowledgements
 // of stdin writes, close_stdin and kill complete their requests at once.
-// Once a kill is on its way, or the session was destroyed through this
-// client, the bound is lifted: the exec is ending and its remaining output
-// is finite, so the kill's acknowledgement behind it is always read, and
-// Kill returns promptly even when nobody calls Next. The reader goroutine
-// ends and the connection closes as soon as the stream's last frame has
-// arrived (or the connection is lost); the queue stays readable by Next.
+// An acknowledgement comes behind the output sent before it, so the bound
+// moves while one is awaited. Once a kill is on its way, or the session is
+// gone, it is lifted: the exec is ending and its remaining output is
+// finite, so the kill's acknowledgement behind it is always read, and Kill
+// returns promptly even when nobody calls Next. While a stdin write or
+// close_stdin waits for its acknowledgement it is raised to 8×StreamBuffer,
+// room for all the output the daemon can have sent ahead of it: WriteStdin
+// to an exec that has exited fails promptly with nobody calling Next, and
+// an exec that does not read its stdin while its output flows still cannot
+// fill the client's memory. A session destroyed through this client lifts
+// the bound of its handles at once; a reader that waits at the bound for
+// 2 s asks the daemon every 2 s whether its session still exists, so that a
+// session destroyed elsewhere (another client, the reaper) frees the handle
+// too (a session the daemon says is gone but has not reaped yet, an expired
+// one, is then destroyed, so that its exec ends). The reader goroutine ends and the connection closes as soon as the
+// stream's last frame has arrived (or the connection is lost); the queue
+// stays readable by Next.
+//
+// Frame ids of stdin, close_stdin and kill start at 1, and at most one
+// stdin frame (of at most [api.MaxStdinFrame] bytes) is ever
+// unacknowledged: each is sent once the one before was acknowledged, even
+// after a WriteStdin was cancelled while its frame waited.
 package client

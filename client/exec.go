@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -94,7 +95,7 @@ func (s *session) ExecStart(ctx context.Context, argv []string, opts sandbox.Sta
 
 	h := &handle{
 		c: c, sid: s.id, conn: conn,
-		pending: make(map[uint64]chan *api.Error),
+		pending: make(map[uint64]pendingReq),
 		space:   make(chan struct{}, 1),
 		notify:  make(chan struct{}, 1),
 		done:    make(chan struct{}),
@@ -114,33 +115,36 @@ func (s *session) ExecStart(ctx context.Context, argv []string, opts sandbox.Sta
 // chunks and the stream's last frame (exit or error) go to the queue,
 // bounded at StreamBuffer bytes: at the bound the reader stops reading until
 // Next makes room, which back-pressures the daemon. Acks complete their
-// pending request at once, by id. Once a kill is on its way (or the session
-// was destroyed through this client) the bound is lifted, so that the
-// kill's ack, queued by the daemon behind output nobody reads, always
-// arrives: the exec is ending, so what is left to read is finite. When the
-// last frame has arrived, or the connection is lost, the reader closes the
-// connection and ends; the queue stays for Next. Writers (stdin,
-// close_stdin, kill) send their frames from short-lived goroutines, which
-// the connection's close ends.
+// pending request at once, by id. An ack comes behind the output the daemon
+// sent before it, so a request waiting for one moves the bound (see full):
+// while a stdin or close_stdin ack is awaited it is raised to ackBound, and
+// once a kill is on its way, or the session is gone, it is lifted. A reader
+// blocked at the bound for a while checks whether the session still exists
+// (watchSession), so that a session destroyed elsewhere frees the handle
+// too. When the last frame has arrived, or the connection is lost, the
+// reader closes the connection and ends; the queue stays for Next. Writers
+// (stdin, close_stdin, kill) send their frames from short-lived goroutines,
+// which the connection's close ends.
 type handle struct {
 	c    *Client
 	sid  string
 	conn *websocket.Conn
 
-	mu       sync.Mutex
-	items    []*sandbox.StreamChunk
-	queued   int // bytes in items
-	pending  map[uint64]chan *api.Error
-	nextID   uint64
-	ended    bool      // the reader has finished; term is set
-	term     terminal  // how the stream ended
-	termSent bool      // Next has returned the StreamExit
-	sticky   error     // the error Next returned for the end, returned again
-	kills    int       // kill requests on their way: the bound is lifted
-	killOK   bool      // a kill was acked: the bound stays lifted
-	killed   bool      // Kill has returned: no timeout is reported from now on
-	gone     bool      // the session was destroyed: the bound is lifted
-	kill     *killCall // the current kill request, if any
+	mu        sync.Mutex
+	items     []*sandbox.StreamChunk
+	queued    int                   // bytes in items
+	pending   map[uint64]pendingReq // by frame id; nil once the reader has finished
+	stdinAcks int                   // stdin and close_stdin requests in pending: the bound is raised
+	nextID    uint64                // the next frame id; ids start at 1 (the daemon refuses 0)
+	ended     bool                  // the reader has finished; term is set
+	term      terminal              // how the stream ended
+	termSent  bool                  // Next has returned the StreamExit
+	sticky    error                 // the error Next returned for the end, returned again
+	kills     int                   // kill requests on their way: the bound is lifted
+	killOK    bool                  // a kill was acked: the bound stays lifted
+	killed    bool                  // Kill has returned: no timeout is reported from now on
+	gone      bool                  // the session was destroyed: the bound is lifted
+	kill      *killCall             // the current kill request, if any
 
 	space  chan struct{} // wakes the reader waiting for room; capacity 1
 	notify chan struct{} // wakes Next; capacity 1
@@ -160,6 +164,12 @@ type terminal struct {
 	apiErr  *api.Error
 	errExit *int // exit_code of an error frame
 	lost    error
+}
+
+// pendingReq is a frame waiting for its ack.
+type pendingReq struct {
+	ack  chan *api.Error // buffered: the reader never blocks on it
+	kill bool
 }
 
 // killCall is one kill request; every Kill waiting on it shares its
@@ -187,7 +197,7 @@ func (h *handle) read() {
 	}
 	h.mu.Lock()
 	h.ended, h.term = true, term
-	h.pending = nil // waiters see done
+	h.pending, h.stdinAcks = nil, 0 // waiters see done
 	h.mu.Unlock()
 	close(h.done)
 	wake(h.notify)
@@ -256,21 +266,122 @@ func (h *handle) malformed(what string) error {
 	return sandbox.Errorf("exec_start", "the daemon at %s sent %s; the exec stream was dropped", h.c.display, what)
 }
 
-// bounded reports whether the output queue's bound applies. h.mu is held.
-func (h *handle) bounded() bool { return h.kills == 0 && !h.killOK && !h.gone }
+// full reports whether the output queue has reached its bound. h.mu is
+// held.
+//
+// The bound is StreamBuffer, but the daemon sends each ack behind the
+// output it sent before, so a request waiting for its ack moves it:
+//
+//   - Once a kill is on its way (or was acked), or the session is gone, it
+//     is lifted: the exec is ending, so what is left to read is finite, and
+//     the kill's ack, or the stream's end, always arrives.
+//   - While a stdin or close_stdin ack is awaited it is raised to ackBound.
+//     Either the exec takes its stdin in, and the ack comes soon, or it has
+//     exited, and the ack comes behind a finite rest of output, which the
+//     reader takes in: WriteStdin then fails promptly, as the contract
+//     wants, with nobody calling Next. ackBound leaves room for the most
+//     output the daemon can have ahead of an ack (see ackBound). A bound
+//     lifted altogether would let an exec that does not read its stdin
+//     (so that the ack never comes) while its output flows fill the
+//     client's memory; ackBound keeps it bounded.
+func (h *handle) full() bool {
+	switch {
+	case h.kills > 0 || h.killOK || h.gone:
+		return false
+	case h.stdinAcks > 0:
+		return h.queued >= ackBound
+	default:
+		return h.queued >= StreamBuffer
+	}
+}
 
-// push queues a chunk, first waiting while the queue is full and bounded.
+// push queues a chunk, first waiting while the queue is full.
 func (h *handle) push(c *sandbox.StreamChunk) {
 	h.mu.Lock()
-	for h.queued >= StreamBuffer && h.bounded() {
+	if h.full() {
 		h.mu.Unlock()
-		<-h.space
+		h.waitRoom()
 		h.mu.Lock()
 	}
 	h.items = append(h.items, c)
 	h.queued += len(c.Data)
 	h.mu.Unlock()
 	wake(h.notify)
+}
+
+// waitRoom waits until the queue is no longer full. Once it has waited
+// c.goneAfter, it watches the session until then: a session destroyed
+// elsewhere (another client, a TTL reap) lifts the bound, as one destroyed
+// through this client does, so that the reader reads the stream's end and
+// frees the handle while nobody reads. The watch ends with the wait.
+func (h *handle) waitRoom() {
+	t := time.NewTimer(h.c.goneAfter)
+	defer t.Stop()
+	var stopWatch func()
+	defer func() {
+		if stopWatch != nil {
+			stopWatch()
+		}
+	}()
+	for {
+		h.mu.Lock()
+		full := h.full()
+		h.mu.Unlock()
+		if !full {
+			return
+		}
+		select {
+		case <-h.space:
+		case <-t.C:
+			stopWatch = h.watchSession()
+		}
+	}
+}
+
+// watchSession asks the daemon every c.goneEvery whether the session still
+// exists, each time bounded by c.goneTimeout, until the returned stop is
+// called, which waits for the watcher goroutine to end. When the session is
+// gone (*sandbox.SessionNotFoundError: destroyed, or expired) it destroys
+// it, which tears down at once an expired session the daemon has not
+// reaped yet (and is a no-op on one destroyed), so that its exec's output
+// is finite, and lifts the bound.
+func (h *handle) watchSession() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTimer(0)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if h.sessionGone(ctx) {
+				dctx, dcancel := context.WithTimeout(ctx, h.c.goneTimeout)
+				_ = h.c.DestroySession(dctx, h.sid) // best effort: lifting the bound is what frees the handle
+				dcancel()
+				h.unbound()
+				return
+			}
+			t.Reset(h.c.goneEvery)
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// sessionGone reports whether the daemon says the handle's session does not
+// exist; any other answer, or none, is not taken for gone.
+func (h *handle) sessionGone(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, h.c.goneTimeout)
+	defer cancel()
+	_, err := h.c.GetSession(ctx, h.sid)
+	var nf *sandbox.SessionNotFoundError
+	return errors.As(err, &nf)
 }
 
 // unbound lifts the queue's bound for good: the session was destroyed.
@@ -284,26 +395,52 @@ func (h *handle) unbound() {
 // ack completes the request id with the daemon's answer (nil: success).
 func (h *handle) ack(id uint64, e *api.Error) {
 	h.mu.Lock()
-	ch := h.pending[id]
-	delete(h.pending, id)
+	r, ok := h.take(id)
 	h.mu.Unlock()
-	if ch != nil {
-		ch <- e // buffered: never blocks the reader
+	if ok {
+		r.ack <- e // buffered: never blocks the reader
 	}
 }
 
-// register reserves a request id and the channel its ack arrives on; ok is
-// false once the stream has ended.
-func (h *handle) register() (id uint64, ack chan *api.Error, ok bool) {
+// take removes the request id from pending, if it is there. h.mu is held.
+func (h *handle) take(id uint64) (pendingReq, bool) {
+	r, ok := h.pending[id]
+	if ok {
+		delete(h.pending, id)
+		if !r.kill {
+			h.stdinAcks--
+		}
+	}
+	return r, ok
+}
+
+// register reserves a request id (ids start at 1) and the channel its ack
+// arrives on, for a stdin or close_stdin frame (kill false) or a kill
+// frame; ok is false once the stream has ended. While the ack is awaited
+// the output queue's bound is moved (see full), and the reader is woken to
+// read on.
+func (h *handle) register(kill bool) (id uint64, ack chan *api.Error, ok bool) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
+	id, ack, ok = h.registerLocked(kill)
+	h.mu.Unlock()
+	if ok {
+		wake(h.space)
+	}
+	return id, ack, ok
+}
+
+// registerLocked is register with h.mu held; the caller wakes the reader.
+func (h *handle) registerLocked(kill bool) (id uint64, ack chan *api.Error, ok bool) {
 	if h.ended {
 		return 0, nil, false
 	}
 	id = h.nextID
 	h.nextID++
 	ack = make(chan *api.Error, 1)
-	h.pending[id] = ack
+	h.pending[id] = pendingReq{ack: ack, kill: kill}
+	if !kill {
+		h.stdinAcks++
+	}
 	return id, ack, true
 }
 
@@ -320,9 +457,10 @@ func (h *handle) reserveID() (uint64, bool) {
 	return id, true
 }
 
+// forget gives up on the ack of request id.
 func (h *handle) forget(id uint64) {
 	h.mu.Lock()
-	delete(h.pending, id)
+	h.take(id)
 	h.mu.Unlock()
 }
 
@@ -502,7 +640,7 @@ func (h *handle) WriteStdin(ctx context.Context, data []byte) error {
 	}
 	for off := 0; off < len(data); {
 		end := min(off+api.MaxStdinFrame, len(data))
-		id, ack, ok := h.register()
+		id, ack, ok := h.register(false)
 		if !ok {
 			return errEnded(op)
 		}
@@ -583,7 +721,7 @@ func (h *handle) CloseStdin(ctx context.Context) error {
 		h.unlockStdin()
 		return err
 	}
-	id, ack, ok := h.register()
+	id, ack, ok := h.register(false)
 	if !ok {
 		h.unlockStdin()
 		return nil
@@ -635,10 +773,7 @@ func (h *handle) Kill(ctx context.Context) error {
 		k = &killCall{done: make(chan struct{})}
 		h.kill = k
 		h.kills++
-		id := h.nextID
-		h.nextID++
-		ack := make(chan *api.Error, 1)
-		h.pending[id] = ack
+		id, ack, _ := h.registerLocked(true) // the stream has not ended
 		go h.runKill(k, id, ack)
 	}
 	h.mu.Unlock()
@@ -680,7 +815,7 @@ func (h *handle) runKill(k *killCall, id uint64, ack chan *api.Error) {
 	if h.ended {
 		err = nil // the stream ended: the exec is over
 	}
-	delete(h.pending, id)
+	h.take(id)
 	h.kills--
 	if err == nil {
 		h.killOK = true

@@ -95,6 +95,7 @@ type clientFrame struct {
 	id      uint64
 	data    []byte
 	control api.Frame
+	at      time.Time // when the fake read it
 }
 
 func (p *wsPeer) text(f api.Frame) error {
@@ -162,7 +163,7 @@ func execMux(t *testing.T, mux *http.ServeMux, noReader bool, serve func(p *wsPe
 					if err != nil {
 						return
 					}
-					var f clientFrame
+					f := clientFrame{at: time.Now()}
 					if typ == websocket.MessageBinary {
 						f.stdin = true
 						if f.id, f.data, err = api.ParseStdinFrame(b); err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"errors"
 	"io"
 	"net/http"
 	"net/url"
@@ -110,29 +111,55 @@ func (s *session) PutFile(ctx context.Context, path string, data []byte) error {
 // PutFileFrom streams everything r yields to path as the body of one PUT,
 // without holding it in memory. When reading r fails the upload is broken
 // off, the daemon keeps the old content, and the error (a *SandboxError
-// whose cause is r's error) is returned. r is not closed, and it is no
-// longer read once PutFileFrom has returned.
+// whose cause is r's error) is returned. r is not closed.
+//
+// ctx bounds the call even while r.Read blocks (a pipe, a network stream):
+// r is read by a goroutine that feeds the request body through a pipe, and
+// when ctx ends the upload is broken off and PutFileFrom returns a
+// *sandbox.SandboxError that matches ctx.Err() with errors.Is. One r.Read
+// that was in progress then may outlive the call: its goroutine ends when
+// that Read returns, and drops what it read. No Read of r starts once
+// PutFileFrom has returned.
 func (s *session) PutFileFrom(ctx context.Context, path string, r io.Reader) error {
-	body := &bodyReader{r: r, closed: make(chan struct{})}
-	resp, err := s.c.do(ctx, request{
-		op: "put_file", method: http.MethodPut, path: sessionPath(s.id, "files"), query: fileQuery(path),
-		body: body, length: -1, contentType: "application/octet-stream",
+	const op = "put_file"
+	if err := ctx.Err(); err != nil {
+		return ctxErr(op, err)
+	}
+	src := &source{r: r}
+	pr, pw := io.Pipe()
+	go src.feed(pw)
+	// The context's end breaks the body off, so that net/http, which
+	// waits for the body's reader, returns even while r.Read blocks; a
+	// failure of r from then on is not r's to report.
+	stop := context.AfterFunc(ctx, func() {
+		src.stop()
+		pw.CloseWithError(ctx.Err())
 	})
-	// net/http may go on reading a body after an early answer; it closes
-	// the body once it is done with it.
-	<-body.closed
-	if rerr := body.failure(); rerr != nil {
-		if err == nil {
-			drain(resp.Body)
-		}
-		return sandbox.WrapError("put_file", "reading the data to write failed", rerr)
+	resp, err := s.c.do(ctx, request{
+		op: op, method: http.MethodPut, path: sessionPath(s.id, "files"), query: fileQuery(path),
+		body: pr, length: -1, contentType: "application/octet-stream",
+	})
+	stop()
+	// net/http may go on reading a body after an early answer: the pipe's
+	// close ends that, and src.stop ends the feeding.
+	pr.CloseWithError(errUploadOver)
+	rerr := src.stop()
+	if err == nil {
+		drain(resp.Body)
 	}
-	if err != nil {
-		return err
+	if rerr != nil {
+		return sandbox.WrapError(op, "reading the data to write failed", rerr)
 	}
-	drain(resp.Body)
-	return nil
+	// A body broken off never ends as a whole one (net/http does not send
+	// the last chunk of a body whose read failed), so a 2xx answer is a
+	// complete upload; the context's end is a transport error, which do
+	// reports as ctx's.
+	return err
 }
+
+// errUploadOver ends the feeding of an upload's pipe once the request is
+// over.
+var errUploadOver = errors.New("the upload is over")
 
 // GetFile reads path (GET /v1/sessions/{id}/files?path=...).
 // *sandbox.FileNotFoundError only when nothing exists there.
@@ -173,39 +200,57 @@ func drain(rc io.ReadCloser) {
 	rc.Close()
 }
 
-// bodyReader is an upload body: its Close tells that net/http is done with
-// it (r itself is not closed), and it records r's first failure, so that a
-// failing reader is told from a failing daemon.
-type bodyReader struct {
-	r      io.Reader
-	mu     sync.Mutex
-	err    error
-	once   sync.Once
-	closed chan struct{}
+// source feeds an upload's pipe from r, recording r's first failure, so
+// that a failing reader is told from a failing daemon or a cancelled call.
+type source struct {
+	r       io.Reader
+	mu      sync.Mutex
+	stopped bool  // the call has returned or its ctx ended: no Read of r starts
+	err     error // r's failure (not io.EOF)
 }
 
-func (b *bodyReader) Read(p []byte) (int, error) {
-	n, err := b.r.Read(p)
-	if err != nil && err != io.EOF {
-		b.mu.Lock()
-		if b.err == nil {
-			b.err = err
+// feed copies r into pw until r ends or fails, or the pipe is closed, and
+// closes pw with r's outcome. It never starts a Read of r once stop has
+// been called.
+func (s *source) feed(pw *io.PipeWriter) {
+	buf := make([]byte, 32<<10)
+	for {
+		s.mu.Lock()
+		stopped := s.stopped
+		s.mu.Unlock()
+		if stopped {
+			pw.CloseWithError(errUploadOver)
+			return
 		}
-		b.mu.Unlock()
+		n, err := s.r.Read(buf)
+		if n > 0 {
+			if _, werr := pw.Write(buf[:n]); werr != nil {
+				return // the upload is over or broken off
+			}
+		}
+		if err == io.EOF {
+			pw.Close()
+			return
+		}
+		if err != nil {
+			s.mu.Lock()
+			if !s.stopped {
+				s.err = err
+			}
+			s.mu.Unlock()
+			pw.CloseWithError(err)
+			return
+		}
 	}
-	return n, err
 }
 
-// Close records that net/http is done with the body.
-func (b *bodyReader) Close() error {
-	b.once.Do(func() { close(b.closed) })
-	return nil
-}
-
-func (b *bodyReader) failure() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.err
+// stop records that the call has returned, or its context ended, and
+// returns r's failure, if r failed before.
+func (s *source) stop() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopped = true
+	return s.err
 }
 
 // fileBody is a download: its read errors become the family's.
