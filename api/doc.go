@@ -12,7 +12,10 @@
 // max_body_bytes; a declared Content-Length over the cap gets 413 before the
 // body is read. A request body or a download that moves no byte for 60 s is
 // cut. A response to a request whose body was not read (a refusal) closes
-// the connection. timeout_seconds must be in (0, 9223372036].
+// the connection. timeout_seconds must be in (0, 9223372036]. A chunked
+// file upload may declare the trailer TrailerUploadFailed and set it when
+// its source fails midway: the put then fails (400) with the old content in
+// place before the server answers.
 // Errors are a JSON body {"error": {"kind": ..., "message": ..., fields...}}
 // with the status of [KindStatus]; [ErrorBody] and [Error.Err] convert both
 // ways, once each.

@@ -40,6 +40,12 @@ const (
 	HeaderRequestID = "X-Request-Id"
 	// QueryPath names the file of the files routes.
 	QueryPath = "path"
+	// TrailerUploadFailed is a trailer a client declares on a chunked file
+	// upload and sets (to a short reason) when its source fails midway: it
+	// ends the body normally, and the server fails the put, cleaning up,
+	// before it answers. So the client's call returns only once the old
+	// content is back in place, with no temporary file left.
+	TrailerUploadFailed = "Tai42-Upload-Failed"
 	// ExecSubprotocol is the WebSocket subprotocol of the interactive exec.
 	ExecSubprotocol = "tai42.exec.v1"
 	// DefaultPort is the daemon's default TCP port on 127.0.0.1.

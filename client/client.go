@@ -371,6 +371,7 @@ type request struct {
 	body             io.Reader
 	length           int64 // of body; -1 unknown
 	contentType      string
+	trailer          http.Header // declared trailers, set before the body ends
 }
 
 // do sends r and returns the response when its status is 2xx; any other
@@ -402,6 +403,9 @@ func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
 	}
 	if r.contentType != "" {
 		req.Header.Set("Content-Type", r.contentType)
+	}
+	if r.trailer != nil {
+		req.Trailer = r.trailer
 	}
 	req.Header.Set("Accept", "application/json")
 	c.authorize(req.Header)

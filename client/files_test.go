@@ -24,8 +24,9 @@ func (r *failingReader) Read(p []byte) (int, error) {
 	return copy(p, "chunk "), nil
 }
 
-// PutFileFrom streams the reader as the body; a failing reader breaks the
-// upload off and is the error's cause. OpenFile's size is Content-Length.
+// PutFileFrom streams the reader as the body; a failing reader ends it
+// with the upload-failed trailer (so the daemon fails the put before it
+// answers) and is the error's cause. OpenFile's size is Content-Length.
 func TestPutFileFrom(t *testing.T) {
 	got := make(chan string, 4)
 	mux := sessionMux()
@@ -35,7 +36,7 @@ func TestPutFileFrom(t *testing.T) {
 			return
 		}
 		b, err := io.ReadAll(r.Body)
-		if err != nil {
+		if err != nil || r.Trailer.Get(api.TrailerUploadFailed) != "" {
 			writeError(w, api.ErrorFrom(sandbox.Errorf("put_file", "the body broke off")))
 			return
 		}

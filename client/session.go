@@ -125,7 +125,8 @@ func (s *session) PutFileFrom(ctx context.Context, path string, r io.Reader) err
 	if err := ctx.Err(); err != nil {
 		return ctxErr(op, err)
 	}
-	src := &source{r: r}
+	trailer := http.Header{api.TrailerUploadFailed: nil}
+	src := &source{r: r, trailer: trailer}
 	pr, pw := io.Pipe()
 	go src.feed(pw)
 	// The context's end breaks the body off, so that net/http, which
@@ -137,7 +138,7 @@ func (s *session) PutFileFrom(ctx context.Context, path string, r io.Reader) err
 	})
 	resp, err := s.c.do(ctx, request{
 		op: op, method: http.MethodPut, path: sessionPath(s.id, "files"), query: fileQuery(path),
-		body: pr, length: -1, contentType: "application/octet-stream",
+		body: pr, length: -1, contentType: "application/octet-stream", trailer: trailer,
 	})
 	stop()
 	// net/http may go on reading a body after an early answer: the pipe's
@@ -204,6 +205,7 @@ func drain(rc io.ReadCloser) {
 // that a failing reader is told from a failing daemon or a cancelled call.
 type source struct {
 	r       io.Reader
+	trailer http.Header // the upload's declared trailers
 	mu      sync.Mutex
 	stopped bool  // the call has returned or its ctx ended: no Read of r starts
 	err     error // r's failure (not io.EOF)
@@ -234,10 +236,26 @@ func (s *source) feed(pw *io.PipeWriter) {
 		}
 		if err != nil {
 			s.mu.Lock()
-			if !s.stopped {
+			mine := !s.stopped
+			if mine {
 				s.err = err
 			}
 			s.mu.Unlock()
+			if mine && s.trailer != nil {
+				// End the body normally with the failure in its trailer:
+				// the daemon then fails the put, cleaning up, before it
+				// answers, so the call returns with the old content back.
+				// (r's error text stays here: it is the caller's.)
+				// The empty write waits for net/http's first read of the
+				// body, which comes after it has written the headers (and
+				// read the trailer's key): only then is the map ours.
+				if _, werr := pw.Write(nil); werr != nil {
+					return
+				}
+				s.trailer.Set(api.TrailerUploadFailed, "the source reader failed")
+				pw.Close()
+				return
+			}
 			pw.CloseWithError(err)
 			return
 		}

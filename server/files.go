@@ -51,7 +51,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	body := &liveReader{r: r.Body, ctx: r.Context(), sess: sess, checked: time.Now()}
+	body := &liveReader{r: r.Body, ctx: r.Context(), sess: sess, checked: time.Now(), trailer: r}
 	if fs, ok := sess.(sandbox.FileStreamer); ok {
 		err = fs.PutFileFrom(r.Context(), path, body)
 	} else {
@@ -75,6 +75,7 @@ type liveReader struct {
 	ctx     context.Context
 	sess    sandbox.Session
 	checked time.Time
+	trailer *http.Request // its Trailer is read at the body's end
 }
 
 const liveCheck = time.Second
@@ -87,7 +88,13 @@ func (l *liveReader) Read(p []byte) (int, error) {
 			return 0, err
 		}
 	}
-	return l.r.Read(p)
+	n, err := l.r.Read(p)
+	if err == io.EOF && l.trailer != nil {
+		if why := l.trailer.Trailer.Get(api.TrailerUploadFailed); why != "" {
+			return n, api.Transportf(api.KindBadRequest, "the client broke the upload off (%s); the old content stays", clipText(why))
+		}
+	}
+	return n, err
 }
 
 // getFile streams the file when the session can (sandbox.FileStreamer),

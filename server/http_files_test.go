@@ -329,3 +329,39 @@ func TestUploadToDestroyedSession(t *testing.T) {
 		})
 	}
 }
+
+// An upload whose client ends the body with the upload-failed trailer is
+// refused before the answer, with the old content in place and no
+// temporary file left: the client's call returns only after the cleanup.
+func TestUploadFailedTrailer(t *testing.T) {
+	e := newEnv(t)
+	id := e.create(hostSpec()).ID
+	if resp := e.req("PUT", "/v1/sessions/"+id+"/files?path=keep.txt", strings.NewReader("old content"), testToken); resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("first put: %d", resp.StatusCode)
+	}
+	pr, pw := io.Pipe()
+	req, err := http.NewRequest("PUT", e.ts.URL+"/v1/sessions/"+id+"/files?path=keep.txt", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	req.Trailer = http.Header{api.TrailerUploadFailed: nil}
+	go func() {
+		_, _ = pw.Write(bytes.Repeat([]byte("new"), 100000))
+		req.Trailer.Set(api.TrailerUploadFailed, "the source reader failed")
+		pw.Close()
+	}()
+	resp, err := e.hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "broke the upload off") {
+		t.Errorf("a put ended with the upload-failed trailer: %d %s; want 400 saying the client broke it off", resp.StatusCode, body)
+	}
+	r := e.exec(id, api.ExecRequest{Argv: []string{"sh", "-c", "cat keep.txt; echo; ls -A"}, TimeoutSeconds: 10})
+	if r.Stdout != "old content\nkeep.txt\n" {
+		t.Errorf("after the failed put the workspace shows %q; want the old content and no temporary file", r.Stdout)
+	}
+}
