@@ -15,61 +15,28 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
-count=${BENCH_COUNT:-5}
 benchtime=${BENCH_TIME:-2s}
 filetime=${BENCH_FILE_TIME:-20x}
 streamtime=${BENCH_STREAM_TIME:-3x}
-case $count in '' | *[!0-9]* | 0) echo "BENCH_COUNT must be a positive integer" >&2; exit 2 ;; esac
+. bench/lib.sh
+bench_init 5 bench/api
 
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-raw=${BENCH_RAW:-$work/raw.txt}
-: >"$raw"
-
-echo "building the benchmark binary..." >&2
-go test -c -o "$work/api.test" ./bench/api/
-
-run() { # -bench regexp, -benchtime, BENCH_REMOTE_FIRST
-	(cd bench/api && BENCH_REMOTE_FIRST=$3 "$work/api.test" -test.run '^$' -test.bench "$1" \
-		-test.benchtime "$2" -test.count 1 -test.benchmem) | tee -a "$raw" |
-		grep --line-buffered '^Benchmark' >&2 || true
-}
-
-load0=$(cut -d' ' -f1-3 /proc/loadavg)
-start=$(date +%s)
 # Rounds of -count 1, alternating which side goes first (see bench/run.sh).
 for i in $(seq 1 "$count"); do
-	remote_first=$([ $((i % 2)) -eq 0 ] && echo 1 || true)
-	echo "round $i/$count${remote_first:+ (api first)}" >&2
-	run '^BenchmarkExecTrue$' "$benchtime" "$remote_first"
-	run '^(BenchmarkPutFile64MiB|BenchmarkGetFile64MiB)$' "$filetime" "$remote_first"
-	run '^BenchmarkStream1GiB$' "$streamtime" "$remote_first"
+	first=$([ $((i % 2)) -eq 0 ] && echo BENCH_REMOTE_FIRST=1 || true)
+	echo "round $i/$count${first:+ (api first)}" >&2
+	bench_run '^BenchmarkExecTrue$' "$benchtime" "$first"
+	bench_run '^(BenchmarkPutFile64MiB|BenchmarkGetFile64MiB)$' "$filetime" "$first"
+	bench_run '^BenchmarkStream1GiB$' "$streamtime" "$first"
 done
-if grep -q -E '^(--- FAIL|FAIL|panic:)' "$raw"; then
-	grep -E -A20 '^(--- FAIL|FAIL|panic:)' "$raw" >&2
-	echo "benchmarks failed" >&2
-	exit 1
-fi
+bench_finish "API benchmarks: $count rounds, -benchtime $benchtime (files $filetime, stream $streamtime), $(nproc) CPUs"
+PYTHONPATH=bench python3 - "$raw" <<'PY'
+import statistics, sys
+from benchstats import parse, median
 
-echo
-echo "API benchmarks: $count rounds, -benchtime $benchtime (files $filetime, stream $streamtime), $(nproc) CPUs"
-echo "load average before: $load0, after: $(cut -d' ' -f1-3 /proc/loadavg); took $(($(date +%s) - start))s"
-python3 - "$raw" <<'PY'
-import re, statistics, sys
-
-runs = {}  # name -> {unit: [values]}
-for line in open(sys.argv[1]):
-    m = re.match(r'^Benchmark(\S+?)(?:-\d+)?\s+\d+\s+(.*)$', line)
-    if not m:
-        continue
-    f = m.group(2).split()
-    d = runs.setdefault(m.group(1), {})
-    for v, unit in zip(f[0::2], f[1::2]):
-        d.setdefault(unit, []).append(float(v))
-
+runs = parse(sys.argv[1])
 def med(name, unit):
-    v = runs.get(name, {}).get(unit)
-    return statistics.median(v) if v else None
+    return median(runs, name, unit)
 
 # name, peer, target kind, target value, note
 rows = [

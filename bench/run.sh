@@ -14,21 +14,11 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
-count=${BENCH_COUNT:-6}
 benchtime=${BENCH_TIME:-1s}
 filetime=${BENCH_FILE_TIME:-30x}
 streamtime=${BENCH_STREAM_TIME:-3x}
-case $count in '' | *[!0-9]* | 0) echo "BENCH_COUNT must be a positive integer" >&2; exit 2 ;; esac
-
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-raw=${BENCH_RAW:-$work/raw.txt}
-: >"$raw"
-
-# One test binary for every round: other edits to the tree during the run
-# cannot change what is measured halfway.
-echo "building the benchmark binary..." >&2
-go test -c -o "$work/host.test" ./provider/host/
+. bench/lib.sh
+bench_init 6 provider/host
 
 short='^(BenchmarkExecTrue|BenchmarkExecTrueParallel|BenchmarkCreateDestroy)$'
 # A fixed count for the file and stream benchmarks: their per-op time swings
@@ -37,50 +27,25 @@ short='^(BenchmarkExecTrue|BenchmarkExecTrueParallel|BenchmarkCreateDestroy)$'
 files='^(BenchmarkPutFile64MiB|BenchmarkGetFile64MiB)$'
 stream='^BenchmarkStream1GiB$'
 
-run() { # -bench regexp, -benchtime, BENCH_BARE_FIRST
-	(cd provider/host && BENCH_BARE_FIRST=$3 "$work/host.test" -test.run '^$' -test.bench "$1" \
-		-test.benchtime "$2" -test.count 1 -test.benchmem) | tee -a "$raw" |
-		grep --line-buffered '^Benchmark' >&2 || true
-}
-
-load0=$(cut -d' ' -f1-3 /proc/loadavg)
-start=$(date +%s)
 # Rounds of -count 1 instead of one -count N: every round runs kit and bare
 # side by side, so load from other work on the machine hits both alike, and
 # every other round runs the bare peers first, so neither side always pays
 # for going first.
 for i in $(seq 1 "$count"); do
-	bare_first=$([ $((i % 2)) -eq 0 ] && echo 1 || true)
-	echo "round $i/$count${bare_first:+ (bare first)}" >&2
-	run "$short" "$benchtime" "$bare_first"
-	run "$files" "$filetime" "$bare_first"
-	run "$stream" "$streamtime" "$bare_first"
+	first=$([ $((i % 2)) -eq 0 ] && echo BENCH_BARE_FIRST=1 || true)
+	echo "round $i/$count${first:+ (bare first)}" >&2
+	bench_run "$short" "$benchtime" "$first"
+	bench_run "$files" "$filetime" "$first"
+	bench_run "$stream" "$streamtime" "$first"
 done
-if grep -q -E '^(--- FAIL|FAIL|panic:)' "$raw"; then
-	grep -E -A20 '^(--- FAIL|FAIL|panic:)' "$raw" >&2
-	echo "benchmarks failed" >&2
-	exit 1
-fi
+bench_finish "host runner benchmarks: $count rounds, -benchtime $benchtime (files $filetime, stream $streamtime), $(nproc) CPUs, GOMAXPROCS ${GOMAXPROCS:-$(nproc)}"
+PYTHONPATH=bench python3 - "$raw" <<'PY'
+import statistics, sys
+from benchstats import parse, median
 
-echo
-echo "host runner benchmarks: $count rounds, -benchtime $benchtime (files $filetime, stream $streamtime), $(nproc) CPUs, GOMAXPROCS ${GOMAXPROCS:-$(nproc)}"
-echo "load average before: $load0, after: $(cut -d' ' -f1-3 /proc/loadavg); took $(($(date +%s) - start))s"
-python3 - "$raw" <<'PY'
-import re, statistics, sys
-
-runs = {}  # name -> {unit: [values]}
-for line in open(sys.argv[1]):
-    m = re.match(r'^Benchmark(\S+?)(?:-\d+)?\s+\d+\s+(.*)$', line)
-    if not m:
-        continue
-    f = m.group(2).split()
-    d = runs.setdefault(m.group(1), {})
-    for v, unit in zip(f[0::2], f[1::2]):
-        d.setdefault(unit, []).append(float(v))
-
+runs = parse(sys.argv[1])
 def med(name, unit):
-    v = runs.get(name, {}).get(unit)
-    return statistics.median(v) if v else None
+    return median(runs, name, unit)
 
 # name, peer (for kit/bare), target kind, target value, note
 rows = [

@@ -172,7 +172,9 @@ func (s *session) GetFile(ctx context.Context, path string) ([]byte, error) {
 	defer rc.Close()
 	var buf bytes.Buffer
 	if size > 0 && size < 1<<30 {
-		buf.Grow(int(size))
+		// MinRead more than the size: ReadFrom then meets the end with room
+		// to spare instead of regrowing (and copying) the whole buffer.
+		buf.Grow(int(size) + bytes.MinRead)
 	}
 	if _, err := buf.ReadFrom(rc); err != nil {
 		return nil, err
