@@ -134,7 +134,11 @@ func (w *guardedSession) ExecStart(ctx context.Context, argv []string, opts sand
 	if h == nil {
 		return nil, err
 	}
-	return &guardedHandle{g: w.g, h: h}, err
+	gh := &guardedHandle{g: w.g, h: h}
+	if ew, ok := h.(sandbox.ExitWatcher); ok {
+		return &guardedWatcher{guardedHandle: gh, ew: ew}, err
+	}
+	return gh, err
 }
 
 func (w *guardedSession) PutFile(ctx context.Context, path string, data []byte) error {
@@ -196,3 +200,12 @@ func (w *guardedStreamer) OpenFile(ctx context.Context, path string) (io.ReadClo
 	})
 	return o.rc, o.size, err
 }
+
+// guardedWatcher is a guardedHandle whose handle also implements
+// sandbox.ExitWatcher.
+type guardedWatcher struct {
+	*guardedHandle
+	ew sandbox.ExitWatcher
+}
+
+func (w *guardedWatcher) Exited() <-chan struct{} { return w.ew.Exited() }

@@ -34,6 +34,7 @@ func (s *suite) streamClauses() []clause {
 		{"KillConcurrent", s.testKillConcurrent},
 		{"KillKeepsReceivedOutput", s.testKillKeepsReceivedOutput},
 		{"KillStopsLeftovers", s.testKillStopsLeftovers},
+		{"ExitWatcher", s.testStreamExitWatcher},
 	}
 }
 
