@@ -93,6 +93,14 @@ func parseStart(typ websocket.MessageType, data []byte) (api.ExecRequest, string
 	if typ != websocket.MessageText {
 		return req, `the first frame must be a text start frame {"type":"start",...}`
 	}
+	// The type first: a kill or close_stdin sent before the start is named
+	// as such, not as a start frame with an unknown field.
+	var head struct {
+		Type string `json:"type"`
+	}
+	if json.Unmarshal(data, &head) == nil && head.Type != "" && head.Type != api.FrameStart {
+		return req, fmt.Sprintf("the first frame must be of type %q, not %q", api.FrameStart, clipText(head.Type))
+	}
 	if err := decodeStrict(bytes.NewReader(data), &req); err != nil {
 		return req, "malformed start frame: " + err.Error()
 	}

@@ -215,6 +215,13 @@ func TestStreamStartErrors(t *testing.T) {
 			}
 		})
 	}
+	// A kill before the start is named as what it is.
+	kw := wsClient{t, e.dial(id, nil)}
+	kw.sendRaw(websocket.MessageText, []byte(`{"type":"kill","id":1}`))
+	kr := kw.readToEnd(10 * time.Second)
+	if kr.last.Error == nil || kr.last.Error.Kind != api.KindBadRequest || !strings.Contains(kr.last.Error.Message, `not "kill"`) {
+		t.Errorf("a kill as the first frame: last frame %+v; want bad_request saying the first frame must be start, not kill", kr.last)
+	}
 	w := wsClient{t, e.dial(id, nil)}
 	w.start([]string{"no-such-command-xyz"}, 5, nil)
 	w.expectStarted()
