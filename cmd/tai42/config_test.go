@@ -229,9 +229,9 @@ func TestTokenFiles(t *testing.T) {
 	dir := t.TempDir()
 	cfg := serveConfig{stateDir: filepath.Join(dir, "state")}
 	// Generated at first: 0600, hex, in a new 0700 directory.
-	tok, gen, err := serveToken(cfg)
-	if err != nil || gen != filepath.Join(cfg.stateDir, tokenFileName) || len(tok) != 64 {
-		t.Fatalf("first: %d chars, %q, %v", len(tok), gen, err)
+	tok, gen, wrote, err := serveToken(cfg)
+	if err != nil || !wrote || gen != filepath.Join(cfg.stateDir, tokenFileName) || len(tok) != 64 {
+		t.Fatalf("first: %d chars, %q (written %v), %v", len(tok), gen, wrote, err)
 	}
 	for path, mode := range map[string]os.FileMode{gen: 0o600, cfg.stateDir: 0o700} {
 		if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != mode {
@@ -239,15 +239,15 @@ func TestTokenFiles(t *testing.T) {
 		}
 	}
 	// Reused after.
-	again, gen2, err := serveToken(cfg)
-	if err != nil || again != tok || gen2 != "" {
-		t.Errorf("second: same %v, %q, %v", again == tok, gen2, err)
+	again, from, wrote2, err := serveToken(cfg)
+	if err != nil || again != tok || wrote2 || from != gen {
+		t.Errorf("second: same %v, from %q (written %v), %v; want it read from %s", again == tok, from, wrote2, err, gen)
 	}
 	// The flag or variable wins; a token file named must exist.
-	if got, _, _ := serveToken(serveConfig{stateDir: cfg.stateDir, token: "given"}); got != "given" {
-		t.Errorf("given token: %q", got)
+	if got, from, _, _ := serveToken(serveConfig{stateDir: cfg.stateDir, token: "given"}); got != "given" || !strings.Contains(from, tokenEnv) {
+		t.Errorf("given token: %q from %q", got, from)
 	}
-	if _, _, err := serveToken(serveConfig{stateDir: cfg.stateDir, tokenFile: filepath.Join(dir, "none")}); err == nil {
+	if _, _, _, err := serveToken(serveConfig{stateDir: cfg.stateDir, tokenFile: filepath.Join(dir, "none")}); err == nil {
 		t.Error("missing token file: no error")
 	}
 	// Open to group or others: refused, saying how to fix it.
@@ -255,7 +255,7 @@ func TestTokenFiles(t *testing.T) {
 		if err := os.Chmod(gen, mode); err != nil {
 			t.Fatal(err)
 		}
-		_, _, err := serveToken(cfg)
+		_, _, _, err := serveToken(cfg)
 		if err == nil || !strings.Contains(err.Error(), "chmod 600") || strings.Contains(err.Error(), tok) || errorExitCode(err) != exitUsage {
 			t.Errorf("mode %o: %v", mode, err)
 		}

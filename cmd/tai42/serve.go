@@ -111,12 +111,14 @@ func (c *cli) serve(cfg serveConfig) error {
 		return fail(err)
 	}
 	defer lock.Close()
-	token, generated, err := serveToken(cfg)
+	token, from, generated, err := serveToken(cfg)
 	if err != nil {
 		return fail(err)
 	}
-	if generated != "" {
-		fmt.Fprintf(c.stderr, "tai42: token written to %s\n", generated)
+	if generated {
+		fmt.Fprintf(c.stderr, "tai42: token written to %s\n", from)
+	} else {
+		fmt.Fprintf(c.stderr, "tai42: token read from %s\n", from)
 	}
 
 	ctx, in, stop := c.interruptible()

@@ -19,32 +19,34 @@ const tokenBytes = 32
 
 // serveToken resolves the token of "tai42 serve": cfg.token (--token or
 // $TAI42_TOKEN), else the token file cfg.tokenFile (which must exist),
-// else <state-dir>/token, generated at the first start. generated is the
-// path of the token file it wrote, "" when it wrote none. A token file that
-// group or others may access is refused (a *usageError).
-func serveToken(cfg serveConfig) (token, generated string, err error) {
+// else <state-dir>/token, generated at the first start. from says where
+// the token came from, for the daemon to print: the path of the token file
+// read, or "--token or $TAI42_TOKEN". generated reports that the file was
+// written now. A token file that group or others may access is refused (a
+// *usageError).
+func serveToken(cfg serveConfig) (token, from string, generated bool, err error) {
 	if cfg.token != "" {
-		return cfg.token, "", nil
+		return cfg.token, "--token or $" + tokenEnv, false, nil
 	}
 	if cfg.tokenFile != "" {
 		t, err := readTokenFile(cfg.tokenFile)
-		return t, "", err
+		return t, cfg.tokenFile, false, err
 	}
 	path := filepath.Join(cfg.stateDir, tokenFileName)
 	t, err := readTokenFile(path)
 	if !errors.Is(err, fs.ErrNotExist) {
-		return t, "", err
+		return t, path, false, err
 	}
 	t, err = generateTokenFile(path)
 	if errors.Is(err, fs.ErrExist) {
 		// Another daemon wrote it first: use that one.
 		t, err = readTokenFile(path)
-		return t, "", err
+		return t, path, false, err
 	}
 	if err != nil {
-		return "", "", err
+		return "", "", false, err
 	}
-	return t, path, nil
+	return t, path, true, nil
 }
 
 // readTokenFile reads a token from path (surrounding white space trimmed).
