@@ -3,12 +3,12 @@ package client_test
 import (
 	"context"
 	"net/http/httptest"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/client"
+	"github.com/tai42/sandbox/internal/hostsuite"
 	"github.com/tai42/sandbox/provider/host"
 	"github.com/tai42/sandbox/sandboxtest"
 	"github.com/tai42/sandbox/server"
@@ -21,15 +21,7 @@ const conformanceToken = "tai42-conformance-token"
 // cleanup: the server, then the sandbox (every session it still holds).
 func serveHost(t *testing.T, cfg sandboxtest.Config) string {
 	t.Helper()
-	sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: cfg.Policy, ReapInterval: cfg.ReapInterval})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := sb.Close(context.Background()); err != nil {
-			t.Errorf("closing the host sandbox: %v", err)
-		}
-	})
+	sb := hostsuite.New(t, cfg)
 	srv, err := server.New(sb, server.Options{Token: conformanceToken, Policy: cfg.Policy, Provider: host.Name})
 	if err != nil {
 		t.Fatal(err)
@@ -41,28 +33,13 @@ func serveHost(t *testing.T, cfg sandboxtest.Config) string {
 
 // TestConformance runs the whole contract suite against the host runner
 // served by the daemon's HTTP API, through the client: every clause holds
-// over the wire. Options are the host runner's (see its own conformance
-// test).
+// over the wire. Options are the host runner's (hostsuite.Options).
 func TestConformance(t *testing.T) {
-	opts := sandboxtest.Options{
-		Image:                           host.Image,
-		Isolation:                       sandbox.IsolationNone,
-		Networks:                        []sandbox.Network{sandbox.NetworkEgress},
-		Durable:                         true,
-		AbsoluteOutsideWorkspaceRefused: true,
-		KillStopsLeftovers:              true,
-	}
-	if os.Geteuid() == 0 {
-		opts.Networks = append(opts.Networks, sandbox.NetworkNone)
-		opts.Caps = true
-	} else {
-		t.Log("not root: network none and caps are checked as rejected, not as enforced")
-	}
 	sandboxtest.Run(t, func(t *testing.T, cfg sandboxtest.Config) sandbox.Sandbox {
 		c := client.New(serveHost(t, cfg), conformanceToken)
 		t.Cleanup(func() { c.Close() })
 		return c
-	}, opts)
+	}, hostsuite.Options(t))
 }
 
 // Over the wire, Kill returns promptly while the handle's output queue is
