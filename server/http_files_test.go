@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -185,21 +186,7 @@ func TestSlowDownloadIsNotCut(t *testing.T) {
 		t.Fatalf("%d bytes, not the file", got.Len())
 	}
 	// The same connection, and a response that comes after the idle timeout.
-	r, _ = http.NewRequestWithContext(ctx, "POST", e.ts.URL+"/v1/sessions/"+id+"/exec",
-		strings.NewReader(`{"argv":["sh","-c","sleep 1; echo late"],"timeout_seconds":10}`))
-	r.Header.Set("Authorization", "Bearer "+testToken)
-	resp, err = e.hc.Do(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "late") {
-		t.Errorf("exec after the download: %d %s", resp.StatusCode, b)
-	}
-	if len(conns) != 2 || conns[0] != conns[1] {
-		t.Errorf("the exec did not reuse the download's connection")
-	}
+	execAfter(t, e, ctx, id, "sleep 1; echo late", "late", "download", &conns)
 }
 
 // TestStalledUploadIsCut: an upload whose body stops coming is cut after the
@@ -259,20 +246,30 @@ func TestStalledUploadIsCut(t *testing.T) {
 	if resp.StatusCode != http.StatusNoContent {
 		t.Fatalf("slow upload: %d", resp.StatusCode)
 	}
-	r, _ = http.NewRequestWithContext(ctx, "POST", e.ts.URL+"/v1/sessions/"+id+"/exec",
-		strings.NewReader(`{"argv":["sh","-c","sleep 1; wc -c < f"],"timeout_seconds":10}`))
+	execAfter(t, e, ctx, id, "sleep 1; wc -c < f", "20000", "upload", &conns)
+}
+
+// execAfter runs script (which answers after a pause longer than the idle
+// timeout) on the connection a transfer used, and checks that its output
+// holds want and that the connection was reused: no deadline the transfer
+// set is left on it. conns records the connections the test's client
+// dialled; after names the transfer, for messages.
+func execAfter(t *testing.T, e *env, ctx context.Context, id, script, want, after string, conns *[]net.Conn) {
+	t.Helper()
+	body, _ := json.Marshal(api.ExecRequest{Argv: []string{"sh", "-c", script}, TimeoutSeconds: 10})
+	r, _ := http.NewRequestWithContext(ctx, "POST", e.ts.URL+"/v1/sessions/"+id+"/exec", bytes.NewReader(body))
 	r.Header.Set("Authorization", "Bearer "+testToken)
-	resp, err = e.hc.Do(r)
+	resp, err := e.hc.Do(r)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "20000") {
-		t.Errorf("exec after the upload: %d %s", resp.StatusCode, b)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), want) {
+		t.Errorf("exec after the %s: %d %s", after, resp.StatusCode, b)
 	}
-	if len(conns) != 2 || conns[0] != conns[1] {
-		t.Errorf("the exec did not reuse the upload's connection")
+	if c := *conns; len(c) != 2 || c[0] != c[1] {
+		t.Errorf("the exec did not reuse the %s's connection", after)
 	}
 }
 
