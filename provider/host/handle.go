@@ -4,127 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/execout"
 	"github.com/tai42/sandbox/kit"
 )
-
-// stream is an interactive exec's output queue: readers append chunks in
-// the order they take them in, up to a byte bound (then they wait, which
-// stops them reading: back-pressure), and Next pops them.
-type stream struct {
-	mu       sync.Mutex
-	space    *sync.Cond // readers wait here for room
-	items    []sandbox.StreamItem
-	queued   int
-	max      int
-	stopped  bool
-	finished bool
-	term     sandbox.StreamItem
-	termErr  error
-	exit     *sandbox.StreamExit // the real exit status, when read
-	termSent bool
-	killed   bool          // Kill returned: no timeout is raised from here on
-	notify   chan struct{} // wakes Next; capacity 1
-}
-
-func newStream(max int) *stream {
-	s := &stream{max: max, notify: make(chan struct{}, 1)}
-	s.space = sync.NewCond(&s.mu)
-	return s
-}
-
-func (s *stream) wake() {
-	select {
-	case s.notify <- struct{}{}:
-	default:
-	}
-}
-
-func (s *stream) write(i int, b []byte) bool {
-	c := &sandbox.StreamChunk{Stream: streamNames[i], Data: append([]byte(nil), b...)}
-	s.mu.Lock()
-	for s.queued >= s.max && !s.stopped {
-		s.space.Wait()
-	}
-	s.items = append(s.items, c)
-	s.queued += len(c.Data)
-	s.mu.Unlock()
-	s.wake()
-	return true
-}
-
-func (s *stream) stop() {
-	s.mu.Lock()
-	s.stopped = true
-	s.space.Broadcast()
-	s.mu.Unlock()
-}
-
-func (s *stream) finish(item sandbox.StreamItem, err error, exit *sandbox.StreamExit) {
-	s.mu.Lock()
-	s.finished, s.term, s.termErr, s.exit = true, item, err, exit
-	s.clearTimeout()
-	s.mu.Unlock()
-	s.wake()
-}
-
-// noTimeout records that Kill returned: a timeout not yet delivered gives
-// way to the exec's exit status, as the contract requires of a kill.
-func (s *stream) noTimeout() {
-	s.mu.Lock()
-	s.killed = true
-	s.clearTimeout()
-	s.mu.Unlock()
-}
-
-func (s *stream) clearTimeout() {
-	if s.killed && s.finished && !s.termSent && s.exit != nil && errors.Is(s.termErr, sandbox.ErrExecTimeout) {
-		s.term, s.termErr = s.exit, nil
-	}
-}
-
-func (s *stream) next(ctx context.Context) (sandbox.StreamItem, error) {
-	for {
-		s.mu.Lock()
-		if len(s.items) > 0 {
-			it := s.items[0]
-			s.items[0] = nil
-			s.items = s.items[1:]
-			s.queued -= len(it.(*sandbox.StreamChunk).Data)
-			s.space.Broadcast()
-			s.mu.Unlock()
-			return it, nil
-		}
-		if s.finished {
-			defer s.mu.Unlock()
-			switch {
-			case s.termErr != nil:
-				s.termSent = true
-				return nil, s.termErr
-			case !s.termSent:
-				s.termSent = true
-				return s.term, nil
-			}
-			return nil, io.EOF
-		}
-		s.mu.Unlock()
-		select {
-		case <-s.notify:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-}
 
 // handle is the host runner's sandbox.ExecHandle.
 type handle struct {
 	p  *proc // nil for a command that could not be started
-	st *stream
+	st *execout.Stream
 
 	stdinMu     chan struct{} // a lock that a waiting writer can give up on
 	stdinClosed bool
@@ -148,21 +39,18 @@ func (h *handle) Exited() <-chan struct{} {
 }
 
 func (r *resources) ExecStart(_ context.Context, req kit.ExecRequest) (sandbox.ExecHandle, error) {
-	st := newStream(r.p.opts.StreamBuffer)
+	st := execout.NewStream(r.p.opts.StreamBuffer)
 	s, err := r.start("exec_start", req, true, st)
 	if err != nil {
 		return nil, err
 	}
-	h := &handle{p: s.p, st: st, stdinMu: make(chan struct{}, 1)}
 	if s.p == nil {
-		exit := &sandbox.StreamExit{ExitCode: s.exitCode}
-		st.write(1, []byte(s.message))
-		st.finish(exit, nil, exit)
+		st = execout.Done(r.p.opts.StreamBuffer, s.exitCode, s.message)
 	}
-	return h, nil
+	return &handle{p: s.p, st: st, stdinMu: make(chan struct{}, 1)}, nil
 }
 
-func (h *handle) Next(ctx context.Context) (sandbox.StreamItem, error) { return h.st.next(ctx) }
+func (h *handle) Next(ctx context.Context) (sandbox.StreamItem, error) { return h.st.Next(ctx) }
 
 func (h *handle) lockStdin(ctx context.Context) error {
 	select {
@@ -241,13 +129,13 @@ func (h *handle) Kill(ctx context.Context) error {
 	h.p.end(endKill)
 	select {
 	case <-h.p.done:
-		h.st.noTimeout()
+		h.st.NoTimeout()
 		return nil
 	default:
 	}
 	select {
 	case <-h.p.done:
-		h.st.noTimeout()
+		h.st.NoTimeout()
 		return nil
 	case <-ctx.Done():
 		return sandbox.WrapError("kill", "the exec's process group was sent SIGKILL but has not been reaped yet", ctx.Err())

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/execout"
 	"github.com/tai42/sandbox/kit"
 	"golang.org/x/sys/unix"
 )
@@ -28,22 +29,6 @@ const (
 	endLimit             // output over the in-memory limit
 )
 
-// sink receives an exec's output from its two reader goroutines.
-type sink interface {
-	// write takes in one unit of output (it must copy b to keep it); false
-	// means the output limit is exceeded.
-	write(stream int, b []byte) bool
-	// stop makes write return at once from now on (it still keeps the unit
-	// it was given): the exec was killed.
-	stop()
-	// finish records the stream's end: exactly one of item and err. exit is
-	// the command's real exit status when it could be read (also when err
-	// is set), else nil.
-	finish(item sandbox.StreamItem, err error, exit *sandbox.StreamExit)
-}
-
-var streamNames = [2]sandbox.StreamName{sandbox.Stdout, sandbox.Stderr}
-
 // readBufs are the readers' buffers: pooled, since an exec of a short
 // command would otherwise allocate (and zero) two of them for a few bytes.
 // A sink copies what it keeps.
@@ -57,7 +42,7 @@ type proc struct {
 	process *os.Process
 	stdin   *os.File // the parent's write end; closed at finish
 	outs    [2]*os.File
-	sink    sink
+	sink    execout.Sink
 	timeout time.Duration
 	grace   time.Duration
 	timer   *time.Timer
@@ -85,7 +70,7 @@ type started struct {
 // start launches req in the session, with a stdin pipe when stdinPipe (else
 // /dev/null). Errors are *sandbox.SandboxError (or *SessionNotFoundError once
 // the session is closed).
-func (r *resources) start(op string, req kit.ExecRequest, stdinPipe bool, sk sink) (started, error) {
+func (r *resources) start(op string, req kit.ExecRequest, stdinPipe bool, sk execout.Sink) (started, error) {
 	if err := r.beginStart(); err != nil {
 		return started{}, err
 	}
@@ -291,7 +276,7 @@ func (p *proc) read(i int) {
 		n, err := f.Read(buf)
 		if n > 0 {
 			p.lens[i].Add(int64(n))
-			if !p.sink.write(i, buf[:n]) {
+			if !p.sink.Write(i, buf[:n]) {
 				p.end(endLimit)
 				return
 			}
@@ -333,7 +318,7 @@ func (p *proc) end(reason endReason) {
 	}
 	p.mu.Unlock()
 	p.killGroup()
-	p.sink.stop()
+	p.sink.Stop()
 	p.closePipes()
 }
 
@@ -366,16 +351,16 @@ func (p *proc) supervise() {
 		if held {
 			te.Note = "a process the command started still held the output after the kill; the lengths count the output received up to the stop"
 		}
-		p.sink.finish(nil, te, exit)
+		p.sink.Finish(nil, te, exit)
 	case endDestroy:
-		p.sink.finish(nil, &sandbox.SessionNotFoundError{SessionID: p.r.id, Detail: "the session was destroyed while the exec was running"}, exit)
+		p.sink.Finish(nil, &sandbox.SessionNotFoundError{SessionID: p.r.id, Detail: "the session was destroyed while the exec was running"}, exit)
 	case endLimit:
-		p.sink.finish(nil, &sandbox.OutputLimitError{Limit: p.r.p.opts.MaxOutputBytes, StdoutLen: p.lens[0].Load(), StderrLen: p.lens[1].Load()}, exit)
+		p.sink.Finish(nil, &sandbox.OutputLimitError{Limit: p.r.p.opts.MaxOutputBytes, StdoutLen: p.lens[0].Load(), StderrLen: p.lens[1].Load()}, exit)
 	default:
 		if werr != nil {
-			p.sink.finish(nil, sandbox.WrapError("exec", "cannot read the exec's exit status", werr), nil)
+			p.sink.Finish(nil, sandbox.WrapError("exec", "cannot read the exec's exit status", werr), nil)
 		} else {
-			p.sink.finish(exit, nil, exit)
+			p.sink.Finish(exit, nil, exit)
 		}
 	}
 	close(p.done)
