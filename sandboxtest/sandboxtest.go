@@ -42,7 +42,9 @@ type Options struct {
 	// AbsoluteOutsideWorkspaceRefused is true for providers whose sessions
 	// share the host's filesystem (isolation none): an absolute path outside
 	// workspace_path is refused with a plain *SandboxError. The suite then
-	// also checks the host side (nothing written, workspaces removed).
+	// also checks the host side (nothing written, workspaces removed), and
+	// that sessions' workspace paths differ (a provider whose sessions have
+	// filesystems of their own may show every workspace at one path).
 	AbsoluteOutsideWorkspaceRefused bool
 	// KillStopsLeftovers is the documented behaviour that Kill on a handle
 	// whose command already exited also ends the processes it left running.

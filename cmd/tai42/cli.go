@@ -111,7 +111,9 @@ with --json for programs.`,
 		c.runCmd(), c.serveCmd(),
 		c.createCmd(), c.lsCmd(), c.execCmd(), c.shellCmd(), c.cpCmd(),
 		c.touchCmd(), c.rmCmd(), c.reapCmd(),
+		c.imageCmd(),
 		c.versionCmd(),
+		c.agentCmd(),
 	)
 	return root
 }

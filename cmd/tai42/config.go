@@ -92,7 +92,7 @@ type setting struct {
 var serveSettings = []setting{
 	{"listen", "TAI42_LISTEN", "listen"},
 	{"state-dir", stateDirEnv, "state_dir"},
-	{"provider", "TAI42_PROVIDER", "provider"},
+	{"provider", providerEnv, "provider"},
 	{"token", tokenEnv, ""},
 	{"token-file", "TAI42_TOKEN_FILE", "token_file"},
 	{"exec-timeout", "TAI42_EXEC_TIMEOUT", "exec_default_timeout"},

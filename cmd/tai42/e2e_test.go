@@ -24,6 +24,9 @@ func buildBinary(t *testing.T) string {
 	}
 	bin := filepath.Join(t.TempDir(), "tai42")
 	build := exec.Command("go", "build", "-o", bin, ".")
+	// Static, as the README builds it: the container provider runs the
+	// binary itself as each container's agent.
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -38,7 +41,7 @@ func TestBinary(t *testing.T) {
 	command := func(args ...string) *exec.Cmd {
 		cmd := exec.Command(bin, args...)
 		// A clean environment: the state directory comes from it.
-		cmd.Env = []string{"TAI42_STATE_DIR=" + state, "PATH=" + os.Getenv("PATH"), "SECRET=from-caller"}
+		cmd.Env = []string{"TAI42_STATE_DIR=" + state, "PATH=" + os.Getenv("PATH"), "SECRET=from-caller", "TAI42_PROVIDER=host"}
 		return cmd
 	}
 	exitCode := func(err error) int {
@@ -240,7 +243,7 @@ func TestBinaryDaemon(t *testing.T) {
 	bin := buildBinary(t)
 	state := t.TempDir()
 	path := "PATH=" + os.Getenv("PATH")
-	d := startDaemonProc(t, bin, []string{path}, "--listen", "127.0.0.1:0", "--state-dir", state)
+	d := startDaemonProc(t, bin, []string{path, "TAI42_PROVIDER=host"}, "--listen", "127.0.0.1:0", "--state-dir", state)
 	tokenFile := filepath.Join(state, "token")
 	if !strings.Contains(d.stderr.String(), "tai42: token written to "+tokenFile) {
 		t.Errorf("no token line:\n%s", d.stderr.String())
@@ -314,7 +317,7 @@ func TestBinaryDaemon(t *testing.T) {
 
 	// A unix socket, the token reused from the state directory.
 	sock := filepath.Join(t.TempDir(), "tai42.sock")
-	d = startDaemonProc(t, bin, []string{path, "TAI42_STATE_DIR=" + state}, "--listen", "unix:"+sock, "--log-format", "text")
+	d = startDaemonProc(t, bin, []string{path, "TAI42_STATE_DIR=" + state, "TAI42_PROVIDER=host"}, "--listen", "unix:"+sock, "--log-format", "text")
 	if d.addr != "unix:"+sock || strings.Contains(d.stderr.String(), "token written") {
 		t.Errorf("unix daemon: addr %q, stderr:\n%s", d.addr, d.stderr.String())
 	}

@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"log/slog"
+	"os"
+	"os/exec"
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/provider/container"
 	"github.com/tai42/sandbox/provider/host"
 )
 
@@ -24,6 +27,8 @@ type providerConfig struct {
 	// maxOutputBytes bounds each stream a non-interactive exec holds in
 	// memory; 0: the provider's default.
 	maxOutputBytes int64
+	// runtime is the container provider's OCI runtime ("" for runc).
+	runtime string
 	// logger receives the provider's lifecycle events; nil discards them.
 	logger *slog.Logger
 }
@@ -53,38 +58,67 @@ var embeddedProviders = []embeddedProvider{
 			Logger:             c.logger,
 		})
 	}},
+	{name: container.Name, open: func(c providerConfig) (closableSandbox, error) {
+		return container.New(container.Options{
+			StateDir:           c.stateDir,
+			Policy:             c.policy,
+			ReapInterval:       c.reapInterval,
+			ExecDefaultTimeout: c.execTimeout,
+			MaxOutputBytes:     c.maxOutputBytes,
+			Runtime:            c.runtime,
+			Logger:             c.logger,
+		})
+	}},
 }
 
-// openProvider builds the embedded providers, registers each under its
-// name in a registry, and Requires name there: an unknown name is the
-// registry's *sandbox.UnavailableError. The returned close function closes
-// every provider built (destroying any session still live).
+// defaultProviderName is the provider used when none is named: the
+// container provider where an OCI runtime is installed and we are root
+// (it needs namespaces, mounts and cgroups), else the host runner.
+func defaultProviderName() string {
+	if os.Geteuid() != 0 {
+		return host.Name
+	}
+	for _, rt := range []string{"runc", "crun"} {
+		if _, err := exec.LookPath(rt); err == nil {
+			return container.Name
+		}
+	}
+	return host.Name
+}
+
+// openProvider builds the embedded provider name, registers it in a
+// registry and Requires it there: an unknown name is the registry's
+// *sandbox.UnavailableError, listing the embedded providers. The returned
+// close function closes it (destroying any session still live).
 func openProvider(name string, cfg providerConfig) (sandbox.Sandbox, func(context.Context) error, error) {
 	var reg sandbox.Registry
-	var opened []closableSandbox
-	closeAll := func(ctx context.Context) error {
-		var errs []error
-		for _, sb := range opened {
-			errs = append(errs, sb.Close(ctx))
-		}
-		return errors.Join(errs...)
-	}
+	var opened closableSandbox
 	for _, p := range embeddedProviders {
+		if p.name != name {
+			// Listed, so that an unknown name's error names them all;
+			// never opened.
+			if err := reg.Register(p.name, unopened{}); err != nil {
+				return nil, nil, err
+			}
+			continue
+		}
 		sb, err := p.open(cfg)
 		if err != nil {
-			_ = closeAll(context.Background())
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("provider %s: %w", p.name, err)
 		}
-		opened = append(opened, sb)
+		opened = sb
 		if err := reg.Register(p.name, sb); err != nil {
-			_ = closeAll(context.Background())
+			_ = sb.Close(context.Background())
 			return nil, nil, err
 		}
 	}
 	sb, err := reg.Require(name)
 	if err != nil {
-		_ = closeAll(context.Background())
 		return nil, nil, err
 	}
-	return sb, closeAll, nil
+	return sb, opened.Close, nil
 }
+
+// unopened stands for an embedded provider that was not asked for: it is
+// registered only so that the registry can name it, and is never used.
+type unopened struct{ sandbox.Sandbox }

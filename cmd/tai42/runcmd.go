@@ -67,7 +67,11 @@ provider; 1 for another sandbox error; 128+N when tai42 got signal N
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "CMD's working directory, relative to the workspace; it must exist (default: the workspace)")
 	fl.StringArrayVar(&f.puts, "put", nil, "copy a local file into the workspace before CMD runs: `LOCAL[:REMOTE]`, split at the first ':'; REMOTE defaults to LOCAL's base name (repeatable)")
 	fl.BoolVarP(&f.noStdin, "no-stdin", "n", false, "give CMD an empty stdin instead of streaming this one")
-	fl.StringVar(&f.provider, "provider", defaultProvider, "sandbox provider to run on (embedded only)")
+	provider := defaultProvider
+	if v, ok := c.lookupEnv(providerEnv); ok && v != "" {
+		provider = v
+	}
+	fl.StringVar(&f.provider, "provider", provider, "sandbox provider to run on: container or host (embedded only; default: $"+providerEnv+", else container where runc or crun is installed and tai42 runs as root, else host)")
 	fl.StringVar(&f.stateDir, "state-dir", "", "state directory (embedded only; default: $"+stateDirEnv+", else $XDG_STATE_HOME/tai42, else ~/.local/state/tai42)")
 	fl.StringVar(&f.policyEgress, "policy-egress", string(defaultPolicy.Egress), "policy: the loosest network a session may have (none, internal, egress; embedded only)")
 	fl.StringVar(&f.policyIsolation, "policy-isolation", string(defaultPolicy.Isolation), "policy: the weakest isolation a session may have (none, container, vm; embedded only)")

@@ -37,11 +37,17 @@ type runFlags struct {
 
 // Defaults of "tai42 run".
 const (
-	defaultImage    = host.Image
-	defaultNetwork  = string(sandbox.NetworkNone)
-	defaultTTL      = 10 * time.Minute
-	defaultProvider = host.Name
+	defaultImage   = host.Image
+	defaultNetwork = string(sandbox.NetworkNone)
+	defaultTTL     = 10 * time.Minute
 )
+
+// providerEnv names the embedded provider when --provider is not given.
+const providerEnv = "TAI42_PROVIDER"
+
+// defaultProvider is the container provider where an OCI runtime is
+// installed and we are root, else the host runner.
+var defaultProvider = defaultProviderName()
 
 // defaultPolicy allows all the host provider can honour; the --policy-*
 // flags tighten it.

@@ -1,0 +1,18 @@
+package main
+
+import (
+	"os"
+	"testing"
+
+	"github.com/tai42/sandbox/provider/host"
+)
+
+func TestMain(m *testing.M) {
+	// The CLI's tests run on the host runner unless they name a provider:
+	// the default depends on the machine (the container provider where an
+	// OCI runtime is installed and we are root), and the container
+	// provider needs a static agent binary, which a test binary is not.
+	// The container provider's CLI paths have tests that name it.
+	defaultProvider = host.Name
+	os.Exit(m.Run())
+}
