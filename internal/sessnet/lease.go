@@ -1,0 +1,81 @@
+package sessnet
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// leases hands out the session addresses of one IPv4 subnet. The first host
+// address is the bridge's (the gateway) and never leased; the network and
+// broadcast addresses are never leased either. Allocation is next-fit, so a
+// freed address is not handed out again until the others have been, which
+// keeps stale neighbour entries in other sessions from pointing at a new
+// owner. Not safe for concurrent use: the Manager guards it.
+type leases struct {
+	subnet  netip.Prefix
+	gateway netip.Addr
+	first   netip.Addr // lowest leasable
+	last    netip.Addr // highest leasable
+	next    netip.Addr // where the next search starts
+	used    map[netip.Addr]struct{}
+	size    int // number of leasable addresses
+}
+
+// newLeases prepares the leases of subnet, which must be a masked IPv4
+// prefix of length 30 or less (validated by the caller).
+func newLeases(subnet netip.Prefix) *leases {
+	network := subnet.Addr()
+	gateway := network.Next()
+	bcast := lastAddr(subnet)
+	l := &leases{
+		subnet:  subnet,
+		gateway: gateway,
+		first:   gateway.Next(),
+		last:    bcast.Prev(),
+		used:    map[netip.Addr]struct{}{},
+	}
+	l.next = l.first
+	l.size = 1<<(32-subnet.Bits()) - 3
+	return l
+}
+
+// lastAddr is the highest address of an IPv4 prefix (its broadcast).
+func lastAddr(p netip.Prefix) netip.Addr {
+	a := p.Masked().Addr().As4()
+	host := uint32(1)<<(32-p.Bits()) - 1
+	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+	v |= host
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// take leases a free address, or says the subnet is full.
+func (l *leases) take() (netip.Addr, error) {
+	if len(l.used) >= l.size {
+		return netip.Addr{}, fmt.Errorf("no free address left in %s: all %d are leased to live sessions", l.subnet, l.size)
+	}
+	a := l.next
+	for {
+		if _, busy := l.used[a]; !busy {
+			break
+		}
+		a = l.step(a)
+	}
+	l.used[a] = struct{}{}
+	l.next = l.step(a)
+	return a, nil
+}
+
+func (l *leases) step(a netip.Addr) netip.Addr {
+	if a == l.last {
+		return l.first
+	}
+	return a.Next()
+}
+
+// release returns a to the pool; releasing a free address does nothing.
+func (l *leases) release(a netip.Addr) {
+	delete(l.used, a)
+}
+
+// inUse is how many addresses are leased.
+func (l *leases) inUse() int { return len(l.used) }
