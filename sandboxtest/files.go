@@ -256,9 +256,11 @@ func wantNoHostFile(t *testing.T, p string) {
 func (s *suite) testFilesSymlinkEscapes(t *testing.T) {
 	ctx := testContext(t)
 	_, sess := s.fresh(t, nil)
-	shPath := strings.TrimSpace(mustSh(t, ctx, sess, "command -v sh"))
+	// A shell that runs sh as a builtin (busybox) says just "sh" to
+	// command -v: look in PATH then.
+	shPath := strings.TrimSpace(mustSh(t, ctx, sess, `p=$(command -v sh); case $p in /*) echo "$p"; exit; esac; IFS=:; for d in $PATH; do [ -x "$d/sh" ] && { echo "$d/sh"; exit; }; done`))
 	if !path.IsAbs(shPath) {
-		t.Fatalf("command -v sh = %q; want the absolute path of sh", shPath)
+		t.Fatalf("sh found at %q; want an absolute path", shPath)
 	}
 	mustSh(t, ctx, sess, `ln -s "$1" link && ln -s "$2" escape`, shPath, path.Dir(shPath))
 	for _, p := range []string{"link", "escape/" + path.Base(shPath)} {

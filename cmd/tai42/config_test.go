@@ -49,7 +49,7 @@ func TestExampleConfigLoads(t *testing.T) {
 		t.Errorf("example config:\n %+v\nwant the defaults:\n %+v", cfg, def)
 	}
 	want := serveConfig{
-		configFile: filepath.Join("example", "tai42.toml"), listen: "127.0.0.1:4242", stateDir: "/var/lib/tai42", provider: "host",
+		configFile: filepath.Join("example", "tai42.toml"), listen: "127.0.0.1:4242", stateDir: "/var/lib/tai42", provider: "host", runtime: "runc",
 		execTimeout: time.Minute, reapInterval: 30 * time.Second, shutdownGrace: 10 * time.Second,
 		maxBodyBytes: 1 << 30, maxOutputBytes: 64 << 20,
 		policy:   sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationNone, Durable: true},

@@ -24,8 +24,8 @@ func (c *cli) serveCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve [flags]",
 		Short: "Run the daemon: sandbox sessions over an HTTP API",
-		Long: `Serve runs the daemon: the embedded provider (--provider, default host)
-behind the HTTP API that "tai42 create", "exec", "cp", "shell", "ls", "touch",
+		Long: `Serve runs the daemon: the embedded provider (--provider: container
+where an OCI runtime is installed and tai42 runs as root, else host) behind the HTTP API that "tai42 create", "exec", "cp", "shell", "ls", "touch",
 "rm", "reap" and "run" (with $TAI42_URL set) use, as do programs in any
 language (the API's OpenAPI document is at /openapi.json).
 
@@ -46,6 +46,7 @@ the file are relative to its directory. Unknown keys are an error.
   --listen                   TAI42_LISTEN                   listen
   --state-dir                TAI42_STATE_DIR                state_dir
   --provider                 TAI42_PROVIDER                 provider
+  --runtime                  TAI42_RUNTIME                  runtime
   --token                    TAI42_TOKEN                    (none: use token_file)
   --token-file               TAI42_TOKEN_FILE               token_file
   --exec-timeout             TAI42_EXEC_TIMEOUT             exec_default_timeout
@@ -130,6 +131,7 @@ func (c *cli) serve(cfg serveConfig) error {
 		reapInterval:   cfg.reapInterval,
 		execTimeout:    cfg.execTimeout,
 		maxOutputBytes: cfg.maxOutputBytes,
+		runtime:        cfg.runtime,
 		logger:         log,
 	})
 	if err != nil {

@@ -1,0 +1,53 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// ServeFD serves on the listening socket inherited as file descriptor fd
+// (the runtime passes it as fd 3) until ctx is done: [Serve] with ReapAll
+// set when this process is PID 1. It first makes the signals this process
+// ignores reach the commands with their default action. Errors: fd is not
+// a listening socket, or Serve's.
+func ServeFD(ctx context.Context, fd int, logger *slog.Logger) error {
+	if fd < 0 {
+		return fmt.Errorf("agent: listen fd %d is not a file descriptor", fd)
+	}
+	f := os.NewFile(uintptr(fd), fmt.Sprintf("listen-fd-%d", fd))
+	ln, err := net.FileListener(f) // a dup of fd
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("agent: fd %d is not a listening socket: %w", fd, err)
+	}
+	defaultSignalsForCommands()
+	return Serve(ctx, ln, Options{ReapAll: os.Getpid() == 1, Logger: logger})
+}
+
+// childSignals are the signals a command must get with their default
+// action, whatever this process does with them.
+var childSignals = []os.Signal{syscall.SIGINT, syscall.SIGQUIT, syscall.SIGHUP, syscall.SIGTERM,
+	syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGALRM, syscall.SIGPIPE, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU}
+
+// swallowed receives the signals this process ignored at the start; nobody
+// reads it (signal.Notify never blocks on a full channel), so they stay
+// without effect here.
+var swallowed = make(chan os.Signal, 1)
+
+// defaultSignalsForCommands makes the signals this process ignores reach
+// the commands it starts with their default action: an ignored signal is
+// inherited through exec, while a caught one is reset to its default. So
+// each ignored signal is caught, into a channel nobody reads: this
+// process goes on ignoring it in effect.
+func defaultSignalsForCommands() {
+	for _, s := range childSignals {
+		if signal.Ignored(s) {
+			signal.Notify(swallowed, s)
+		}
+	}
+}

@@ -1,0 +1,165 @@
+// Package containersuite is what tests of the container provider share: a
+// static agent binary built once per test binary, one network manager for
+// every provider of the process (each sweeps what its prefix names), a
+// shared image store holding the busybox test image, and a fresh provider
+// per test.
+//
+// A test binary that uses it calls [Main] from its TestMain.
+package containersuite
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/imagestore"
+	"github.com/tai42/sandbox/internal/sessnet"
+	"github.com/tai42/sandbox/internal/testimage"
+	"github.com/tai42/sandbox/kit"
+	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/sandboxtest"
+)
+
+// Busybox is the name the busybox test image is imported under.
+const Busybox = "busybox:test"
+
+// env is what Main prepared; skip says why the provider cannot run here.
+var env struct {
+	skip   string
+	dir    string
+	agent  string
+	images string
+	net    *sessnet.Manager
+}
+
+// Main prepares the shared pieces, runs the tests, and removes them.
+func Main(m *testing.M) {
+	code := func() int {
+		dir, err := os.MkdirTemp("", "tai42-containersuite-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		env.dir = dir
+		defer os.RemoveAll(dir)
+		if err := prepare(dir); err != nil {
+			env.skip = err.Error()
+		}
+		if env.net != nil {
+			defer env.net.Close()
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+func prepare(dir string) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("the container provider needs root (namespaces, mounts, cgroups)")
+	}
+	if _, err := exec.LookPath("runc"); err != nil {
+		return fmt.Errorf("runc is not installed (apt-get install -y runc)")
+	}
+	env.agent = filepath.Join(dir, "tai42")
+	build := exec.Command("go", "build", "-o", env.agent, "github.com/tai42/sandbox/cmd/tai42")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("building the static agent: %v: %s", err, out)
+	}
+	env.images = filepath.Join(dir, "images")
+	store, err := imagestore.Open(env.images)
+	if err != nil {
+		return err
+	}
+	layout, err := testimage.WriteBusyboxLayout(filepath.Join(dir, "busybox-layout"), Busybox)
+	if err != nil {
+		return fmt.Errorf("the busybox test image: %w", err)
+	}
+	if _, err := store.Import(context.Background(), layout, Busybox); err != nil {
+		return fmt.Errorf("importing the busybox test image: %w", err)
+	}
+	// A prefix and subnets of this process's own: a daemon or another
+	// test binary on the machine keeps its bridges, rules and routes.
+	k := byte(os.Getpid() % 120)
+	env.net, err = sessnet.New(sessnet.Config{
+		Dir:            filepath.Join(dir, "netns"),
+		Prefix:         fmt.Sprintf("t%x", os.Getpid()%0xfff),
+		InternalSubnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 243, 2 * k, 0}), 24),
+		EgressSubnet:   netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 243, 2*k + 1, 0}), 24),
+	})
+	if err != nil {
+		return fmt.Errorf("the network manager: %w", err)
+	}
+	return nil
+}
+
+// Require skips t when the container provider cannot run here, saying why.
+func Require(t testing.TB) {
+	t.Helper()
+	if env.dir == "" {
+		t.Fatal("containersuite: the test binary's TestMain must call containersuite.Main")
+	}
+	if env.skip != "" {
+		t.Skip("container provider: " + env.skip)
+	}
+}
+
+// Agent is the static agent binary.
+func Agent(t testing.TB) string { Require(t); return env.agent }
+
+// Network is the process's shared network manager.
+func Network(t testing.TB) *sessnet.Manager { Require(t); return env.net }
+
+// Options are a provider's options for a test: a fresh state directory,
+// the shared agent, images and network, and runtime rt ("" for runc).
+func Options(t testing.TB, rt string, policy sandbox.Policy) container.Options {
+	Require(t)
+	return container.Options{
+		StateDir:    t.TempDir(),
+		Policy:      policy,
+		Runtime:     rt,
+		AgentBinary: env.agent,
+		Images:      env.images,
+		Network:     env.net,
+	}
+}
+
+// New returns a fresh container provider, closed (every session
+// destroyed) at cleanup.
+func New(t testing.TB, opts container.Options) *kit.Sandbox {
+	t.Helper()
+	sb, err := container.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sb.Close(context.Background()); err != nil {
+			t.Errorf("closing the container sandbox: %v", err)
+		}
+	})
+	return sb
+}
+
+// SuiteOptions are the conformance suite's options for image.
+func SuiteOptions(image string) sandboxtest.Options {
+	return sandboxtest.Options{
+		Image:              image,
+		Isolation:          sandbox.IsolationContainer,
+		Networks:           []sandbox.Network{sandbox.NetworkNone, sandbox.NetworkInternal, sandbox.NetworkEgress},
+		Durable:            true,
+		Caps:               true,
+		KillStopsLeftovers: true,
+	}
+}
+
+// HasRuntime reports whether runtime name is installed.
+func HasRuntime(name string) bool {
+	_, err := exec.LookPath(name)
+	return err == nil && !strings.Contains(name, "/")
+}

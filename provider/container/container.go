@@ -1,0 +1,453 @@
+// Package container is the container provider: isolation "container". Each
+// session is one OCI container, run by an OCI runtime binary (runc by
+// default, crun when configured), whose PID 1 is the in-sandbox agent
+// (`tai42 agent`, the same static binary, bind-mounted read-only). The
+// provider reaches the agent over a unix socket it made and handed to the
+// container; each exec and each file transfer is one connection to it, not
+// a runtime call.
+//
+// What a session gets:
+//   - its own root: an overlay of its image (read-only) and an upper layer
+//     of its own, removed at destroy. Image "host" is a read-only view of
+//     the host's system directories (/usr, /bin, /sbin, /lib*, the parts of
+//     /etc programs need) and nothing of its data: no home directories,
+//     /root, /var, /tmp or the daemon's state. Other images are OCI images
+//     imported into the local store (`tai42 image import`); a name the
+//     store lacks is rejected.
+//   - the workspace bind-mounted at /workspace (workspace_path says so), a
+//     private /tmp (memory-backed: it counts against memory_mb).
+//   - new pid, ipc, uts, mount, cgroup and network namespaces. Network
+//     "none" is loopback only; "internal" a bridge shared by this host's
+//     internal sessions with no route out; "egress" adds NAT out through
+//     the host. No tier reaches the host itself.
+//   - caps as cgroup limits: cpu (CFS quota), memory_mb (with no swap) and
+//     a pids limit always. An exec killed by the memory limit says so on
+//     its stderr.
+//   - hardening: no new privileges, a seccomp allowlist modelled on
+//     Docker's default profile, a small capability set, masked and
+//     read-only /proc paths (see internal/hardening).
+//
+// Processes: each exec is a process group inside the container; a kill, a
+// timeout or the destroy sends it SIGKILL, and the destroy ends every
+// process of the container. A process that leaves its group (setsid) lives
+// until the session is destroyed.
+package container
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/agent"
+	"github.com/tai42/sandbox/internal/imagestore"
+	"github.com/tai42/sandbox/internal/sessnet"
+	"github.com/tai42/sandbox/kit"
+)
+
+// Name is the provider's registered name; HostImage its built-in image.
+const (
+	Name      = "container"
+	HostImage = "host"
+)
+
+// Defaults for [Options].
+const (
+	DefaultMaxOutputBytes = 64 << 20
+	DefaultExitGrace      = 200 * time.Millisecond
+	DefaultStreamBuffer   = 4 << 20
+	DefaultPidsLimit      = 1024
+)
+
+// Options configure the container provider.
+type Options struct {
+	// StateDir holds the sessions' bundles and workspaces, the runtime's
+	// state and the image store (<StateDir>/images). Required.
+	StateDir string
+	// Policy is enforced by the kit at every create.
+	Policy sandbox.Policy
+	// ExecDefaultTimeout and ReapInterval are passed to the kit.
+	ExecDefaultTimeout time.Duration
+	ReapInterval       time.Duration
+	// Runtime is the OCI runtime: "runc" (the default) or "crun", by name
+	// in PATH or by path.
+	Runtime string
+	// AgentBinary is a static tai42 binary (CGO_ENABLED=0) to run as each
+	// container's PID 1. "" means this process's own executable.
+	AgentBinary string
+	// MaxOutputBytes bounds each of stdout and stderr held in memory by a
+	// non-interactive exec. 0 means [DefaultMaxOutputBytes].
+	MaxOutputBytes int64
+	// StreamBuffer bounds the output an interactive exec queues before it
+	// stops reading. 0 means [DefaultStreamBuffer].
+	StreamBuffer int
+	// ExitGrace is how long an exec's output may go on after its command
+	// exited while a process it left running holds the pipes. 0 means
+	// [DefaultExitGrace].
+	ExitGrace time.Duration
+	// PidsLimit caps the processes of a session. 0 means
+	// [DefaultPidsLimit].
+	PidsLimit int64
+	// NetPrefix names the provider's bridges, veths and nftables table;
+	// "" means "tai42". Two providers on one host need different ones.
+	NetPrefix string
+	// InternalSubnet and EgressSubnet are the tiers' address ranges; zero
+	// means sessnet's defaults.
+	InternalSubnet, EgressSubnet netip.Prefix
+	// Images is the image store's directory; "" means <StateDir>/images.
+	Images string
+	// Network, when set, is a network manager the provider uses instead
+	// of making (and at Close tearing down) its own; NetPrefix and the
+	// subnets are then unused. Providers in one process share one this
+	// way, since each manager sweeps what its prefix names.
+	Network *sessnet.Manager
+	// Logger receives lifecycle events; never env values.
+	Logger *slog.Logger
+}
+
+// New returns the container provider wrapped by the kit.
+func New(opts Options) (*kit.Sandbox, error) {
+	p, err := newProvider(opts)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := kit.New(p, kit.Options{
+		Policy:             opts.Policy,
+		ExecDefaultTimeout: opts.ExecDefaultTimeout,
+		ReapInterval:       opts.ReapInterval,
+		Logger:             opts.Logger,
+	})
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	return sb, nil
+}
+
+type provider struct {
+	opts     Options
+	log      *slog.Logger
+	rt       *ociRuntime
+	images   *imagestore.Store
+	host     imagestore.HostImage
+	net      *sessnet.Manager
+	ownNet   bool   // net is the provider's own, closed with it
+	agent    string // the agent binary on the host
+	sessDir  string // per-session bundles
+	perDir   string // persistent workspaces, one per key
+	cgroups  cgroupLayout
+	closeOne sync.Once
+}
+
+func newProvider(opts Options) (_ *provider, err error) {
+	if opts.StateDir == "" {
+		return nil, errors.New("container: a state directory is required")
+	}
+	if opts.MaxOutputBytes <= 0 {
+		opts.MaxOutputBytes = DefaultMaxOutputBytes
+	}
+	if opts.StreamBuffer <= 0 {
+		opts.StreamBuffer = DefaultStreamBuffer
+	}
+	if opts.ExitGrace <= 0 {
+		opts.ExitGrace = DefaultExitGrace
+	}
+	if opts.PidsLimit <= 0 {
+		opts.PidsLimit = DefaultPidsLimit
+	}
+	if opts.NetPrefix == "" {
+		opts.NetPrefix = "tai42"
+	}
+	state, err := filepath.Abs(opts.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("container: state directory: %w", err)
+	}
+	root := filepath.Join(state, "container")
+	p := &provider{
+		opts:    opts,
+		log:     opts.Logger,
+		sessDir: filepath.Join(root, "sessions"),
+		perDir:  filepath.Join(root, "workspaces"),
+	}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	for _, d := range []string{p.sessDir, p.perDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("container: state directory: %w", err)
+		}
+	}
+	if p.agent, err = agentBinary(opts.AgentBinary); err != nil {
+		return nil, fmt.Errorf("container: %w", err)
+	}
+	if p.cgroups, err = findCgroupLayout(); err != nil {
+		return nil, fmt.Errorf("container: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			p.Close()
+		}
+	}()
+	if p.rt, err = newRuntime(opts.Runtime, root); err != nil {
+		return nil, fmt.Errorf("container: %w", err)
+	}
+	images := opts.Images
+	if images == "" {
+		images = filepath.Join(state, "images")
+	}
+	if p.images, err = imagestore.Open(images); err != nil {
+		return nil, fmt.Errorf("container: image store: %w", err)
+	}
+	if p.host, err = imagestore.BuildHost(filepath.Join(root, "hostimage")); err != nil {
+		return nil, fmt.Errorf("container: the host image: %w", err)
+	}
+	p.net, p.ownNet = opts.Network, opts.Network == nil
+	if p.ownNet {
+		p.net, err = sessnet.New(sessnet.Config{
+			Dir:            filepath.Join(root, "netns"),
+			Prefix:         opts.NetPrefix,
+			InternalSubnet: opts.InternalSubnet,
+			EgressSubnet:   opts.EgressSubnet,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("container: network: %w", err)
+		}
+	}
+	p.sweep()
+	return p, nil
+}
+
+// agentBinary is the agent to bind into containers: name, or this process's
+// executable; it must be a static binary, since an image may hold no libc.
+func agentBinary(name string) (string, error) {
+	if name == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return "", fmt.Errorf("the agent binary: %w", err)
+		}
+		name = exe
+	}
+	abs, err := filepath.Abs(name)
+	if err != nil {
+		return "", err
+	}
+	if err := checkStatic(abs); err != nil {
+		return "", fmt.Errorf("the agent binary %s: %w", abs, err)
+	}
+	return abs, nil
+}
+
+// sweep removes what an earlier run left in the sessions directory: its
+// containers, root overlays and ephemeral workspaces. (The network manager
+// swept its own leftovers when made.)
+func (p *provider) sweep() {
+	entries, _ := os.ReadDir(p.sessDir)
+	for _, e := range entries {
+		dir := filepath.Join(p.sessDir, e.Name())
+		_ = p.rt.delete(context.Background(), e.Name())
+		_ = p.rt.do(func() error { return unmount(filepath.Join(dir, "rootfs")) })
+		_ = p.cgroups.remove(cgroupsPath(e.Name()))
+		if err := removeAll(dir); err != nil {
+			p.log.Warn("container: cannot remove a left session directory", "dir", dir, "err", err)
+		} else {
+			p.log.Info("container: removed a session left by an earlier run", "id", e.Name())
+		}
+	}
+}
+
+// Close releases what the provider holds itself: the network's bridges and
+// rules, the runtime's mount namespace, the shared cgroup parent. The kit
+// calls it after every session is destroyed.
+func (p *provider) Close() error {
+	var errs []error
+	p.closeOne.Do(func() {
+		if p.net != nil && p.ownNet {
+			errs = append(errs, p.net.Close())
+		}
+		if p.rt != nil {
+			p.rt.close()
+		}
+		p.cgroups.removeParent()
+	})
+	return errors.Join(errs...)
+}
+
+func (p *provider) Name() string                 { return Name }
+func (p *provider) Isolation() sandbox.Isolation { return sandbox.IsolationContainer }
+func (p *provider) SharedFilesystem() bool       { return false }
+
+func (p *provider) Check(spec sandbox.SessionSpec) error {
+	no := func(field, format string, args ...any) error {
+		return &sandbox.SpecRejectedError{Field: field, Reason: sandbox.ReasonUnenforceable, Message: fmt.Sprintf(format, args...)}
+	}
+	if spec.Image != HostImage {
+		if _, err := p.images.Get(spec.Image); err != nil {
+			if errors.Is(err, imagestore.ErrNotFound) {
+				return no("image", "image %q is not in the local store (%s); import it with `tai42 image import FILE --name %s`, or use %q", spec.Image, p.images.Dir(), spec.Image, HostImage)
+			}
+			return no("image", "image %q: %v", spec.Image, err)
+		}
+	}
+	if spec.CPU > 0 && spec.CPU*cfsPeriodUS < 1000 {
+		return no("cpu", "cpu %g is below the smallest enforceable cap (0.01)", spec.CPU)
+	}
+	return nil
+}
+
+// cgroupsPath is a session's cgroup, below the provider's shared parent.
+func cgroupsPath(id string) string { return "/" + cgroupParent + "/" + id }
+
+const cgroupParent = "tai42"
+
+func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Resources, err error) {
+	r := &resources{
+		p: p, id: req.ID, spec: req.Spec,
+		dir:   filepath.Join(p.sessDir, req.ID),
+		procs: make(map[*rproc]struct{}),
+	}
+	defer func() {
+		if err != nil {
+			if cerr := r.cleanup(context.WithoutCancel(ctx)); cerr != nil {
+				p.log.Warn("container: cleanup after a failed create", "id", req.ID, "err", cerr)
+			}
+		}
+	}()
+	if err := os.Mkdir(r.dir, 0o700); err != nil {
+		return nil, err
+	}
+	r.made = true
+	if req.Spec.Durability == sandbox.Persistent {
+		r.ws = filepath.Join(p.perDir, req.Spec.WorkspaceKey)
+		if err := os.MkdirAll(r.ws, 0o700); err != nil {
+			return nil, err
+		}
+	} else {
+		r.ws = filepath.Join(r.dir, "workspace")
+		if err := os.Mkdir(r.ws, 0o700); err != nil {
+			return nil, err
+		}
+	}
+
+	lower, env := p.host.Rootfs, p.host.Env
+	var binds []bind
+	if req.Spec.Image == HostImage {
+		for _, b := range p.host.Binds {
+			binds = append(binds, bind{source: b.Source, dest: b.Dest})
+		}
+	} else {
+		img, release, err := p.images.Acquire(req.Spec.Image)
+		if err != nil {
+			return nil, &sandbox.SpecRejectedError{Field: "image", Reason: sandbox.ReasonUnenforceable, Message: err.Error()}
+		}
+		r.release = release
+		lower, env = img.Rootfs, img.Env
+	}
+	r.env = baseEnv(env)
+	rootfs := filepath.Join(r.dir, "rootfs")
+	for _, d := range []string{"upper", "work", "rootfs"} {
+		if err := os.Mkdir(filepath.Join(r.dir, d), 0o700); err != nil {
+			return nil, err
+		}
+	}
+	if err := p.rt.do(func() error {
+		return mountOverlay(lower, filepath.Join(r.dir, "upper"), filepath.Join(r.dir, "work"), rootfs)
+	}); err != nil {
+		return nil, fmt.Errorf("the session's root overlay: %w", err)
+	}
+	r.mounted = true
+
+	if r.net, err = p.net.Setup(ctx, req.ID, req.Spec.Network); err != nil {
+		return nil, fmt.Errorf("network %q: %w", req.Spec.Network, err)
+	}
+
+	if r.dirFD, err = unix.Open(r.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		return nil, err
+	}
+	sock := r.sockPath()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("the agent's socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	lnFile, err := ln.File()
+	ln.Close()
+	if err != nil {
+		return nil, fmt.Errorf("the agent's socket: %w", err)
+	}
+	defer lnFile.Close()
+
+	// The runtime joins the network namespace through our handle on it:
+	// crun runs in a mount namespace of its own, where the namespace's
+	// bind mount (made later, in ours) does not show.
+	nsFile, err := os.Open(r.net.Path())
+	if err != nil {
+		return nil, fmt.Errorf("the session's network namespace: %w", err)
+	}
+	defer nsFile.Close()
+	spec := buildSpec(specInput{
+		rootfs:      rootfs,
+		workspace:   r.ws,
+		agent:       p.agent,
+		netns:       fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), nsFile.Fd()),
+		binds:       binds,
+		hostname:    "tai42",
+		cgroupsPath: cgroupsPath(req.ID),
+		cpu:         req.Spec.CPU,
+		memoryMB:    req.Spec.MemoryMB,
+		pids:        p.opts.PidsLimit,
+	})
+	if err := writeSpec(r.dir, spec); err != nil {
+		return nil, err
+	}
+	log, err := os.OpenFile(filepath.Join(r.dir, "log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer log.Close()
+	r.started = true
+	if err := p.rt.run(ctx, req.ID, r.dir, log, lnFile); err != nil {
+		return nil, err
+	}
+	r.agent = &agent.Client{Dial: r.dial}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := r.agent.Ping(pctx); err != nil {
+		msg := tail(log.Name(), 2048)
+		return nil, fmt.Errorf("the session's agent did not answer: %w%s", err, ifNotEmpty("; its log: ", msg))
+	}
+	return r, nil
+}
+
+func ifNotEmpty(prefix, s string) string {
+	if s == "" {
+		return ""
+	}
+	return prefix + s
+}
+
+// baseEnv is the environment every exec starts from: the image's, with a
+// PATH, HOME, TMPDIR and LANG where the image sets none.
+func baseEnv(image []string) map[string]string {
+	env := map[string]string{
+		"PATH":   "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME":   "/root",
+		"TMPDIR": "/tmp",
+		"LANG":   "C.UTF-8",
+	}
+	for _, kv := range image {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			env[k] = v
+		}
+	}
+	return env
+}

@@ -1,0 +1,260 @@
+package container
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/agent"
+	"github.com/tai42/sandbox/internal/sessnet"
+	"github.com/tai42/sandbox/kit"
+)
+
+// resources is one container session: its bundle directory (config, root
+// overlay, agent socket, runtime log, and the ephemeral workspace), its
+// network, its container, and the execs it started.
+type resources struct {
+	p    *provider
+	id   string
+	spec sandbox.SessionSpec
+	dir  string
+	ws   string
+	env  map[string]string // the exec base environment
+
+	made, mounted, started bool
+	release                func() // the image's hold, or nil
+	net                    *sessnet.Net
+	dirFD                  int // an O_PATH handle on dir, for a short socket path
+	agent                  *agent.Client
+
+	starting sync.WaitGroup // execs between the closed check and register
+
+	mu     sync.Mutex
+	closed bool
+	procs  map[*rproc]struct{} // running execs
+}
+
+var (
+	_ kit.Resources    = (*resources)(nil)
+	_ kit.FileStreamer = (*resources)(nil)
+)
+
+func (r *resources) WorkspacePath() string { return workspaceDir }
+
+func (r *resources) gone() error {
+	return &sandbox.SessionNotFoundError{SessionID: r.id, Detail: "it was destroyed"}
+}
+
+// sockPath is the agent's socket as this process reaches it: through the
+// directory handle, since a state directory's path may be longer than a
+// socket address may be.
+func (r *resources) sockPath() string {
+	return "/proc/self/fd/" + strconv.Itoa(r.dirFD) + "/agent.sock"
+}
+
+func (r *resources) dial(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", r.sockPath())
+}
+
+// isClosed reports whether Destroy has begun.
+func (r *resources) isClosed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closed
+}
+
+// Destroy ends every exec, then the container (every process in it), and
+// removes the session's network, root overlay, cgroup and bundle; an
+// ephemeral workspace goes with the bundle, a persistent one is kept.
+func (r *resources) Destroy(ctx context.Context) error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	r.mu.Unlock()
+	r.starting.Wait()
+	r.mu.Lock()
+	procs := make([]*rproc, 0, len(r.procs))
+	for p := range r.procs {
+		procs = append(procs, p)
+	}
+	r.mu.Unlock()
+	for _, p := range procs {
+		p.end(endDestroy)
+	}
+	// Deleting the container kills its PID 1, and with it every process
+	// in its pid namespace; the agent's connections end, so do the execs.
+	var errs []error
+	if err := r.p.rt.delete(ctx, r.id); err != nil {
+		errs = append(errs, err)
+	}
+	r.started = false
+	for _, p := range procs {
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			errs = append(errs, fmt.Errorf("an exec did not end within 10s of the container's deletion"))
+		}
+	}
+	return errors.Join(append(errs, r.cleanup(ctx))...)
+}
+
+// cleanup removes what Create made, in reverse; it is also the rollback of
+// a failed create.
+func (r *resources) cleanup(ctx context.Context) error {
+	var errs []error
+	if r.started {
+		if err := r.p.rt.delete(ctx, r.id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if r.dirFD > 0 {
+		unix.Close(r.dirFD)
+		r.dirFD = 0
+	}
+	if err := r.p.cgroups.remove(cgroupsPath(r.id)); err != nil {
+		errs = append(errs, err)
+	}
+	if r.net != nil {
+		if err := r.p.net.Teardown(r.net); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	unmounted := true
+	if r.mounted {
+		if err := r.p.rt.do(func() error { return unmount(filepath.Join(r.dir, "rootfs")) }); err != nil {
+			errs = append(errs, fmt.Errorf("unmount the session's root: %w", err))
+			unmounted = false
+		}
+	}
+	if r.release != nil {
+		r.release()
+		r.release = nil
+	}
+	// Never remove through a root still mounted: that would write into
+	// its upper layer, and could not finish.
+	if r.made && unmounted {
+		if err := removeAll(r.dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeAll removes dir even when the session left directories without
+// write or search permission.
+func removeAll(dir string) error {
+	if err := os.RemoveAll(dir); err == nil {
+		return nil
+	}
+	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			_ = os.Chmod(path, 0o700)
+		}
+		return nil
+	})
+	return os.RemoveAll(dir)
+}
+
+// beginStart admits an exec start unless the session is closed; the caller
+// calls r.starting.Done once the exec is registered or has failed.
+func (r *resources) beginStart() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return r.gone()
+	}
+	r.starting.Add(1)
+	return nil
+}
+
+func (r *resources) register(p *rproc) {
+	r.mu.Lock()
+	r.procs[p] = struct{}{}
+	r.mu.Unlock()
+}
+
+func (r *resources) unregister(p *rproc) {
+	r.mu.Lock()
+	delete(r.procs, p)
+	r.mu.Unlock()
+}
+
+// fileRef is p as the agent takes it: relative to the workspace, or to the
+// container's root for an absolute path outside it.
+func fileRef(p kit.Path) agent.FileRef {
+	if p.InWorkspace() {
+		return agent.FileRef{Root: workspaceDir, Rel: p.Rel, Orig: p.Orig}
+	}
+	rel := strings.TrimPrefix(filepath.Clean(p.Abs), "/")
+	if rel == "" {
+		rel = "."
+	}
+	return agent.FileRef{Root: "/", Rel: rel, Orig: p.Orig}
+}
+
+// fileErr is err of a file operation, or the session's end when the
+// operation failed because the session was destroyed under it.
+func (r *resources) fileErr(err error) error {
+	if err != nil && r.isClosed() {
+		var nf *sandbox.SessionNotFoundError
+		if !errors.As(err, &nf) {
+			return r.gone()
+		}
+	}
+	return err
+}
+
+// PutFile writes data through the agent, which writes a temp file beside
+// the target and renames it into place: a reader sees the old content or
+// the new, never a mix. Missing parents are created; `..` and symlinks
+// cannot lead out of the workspace.
+func (r *resources) PutFile(ctx context.Context, p kit.Path, data []byte) error {
+	return r.PutFileFrom(ctx, p, bytes.NewReader(data))
+}
+
+func (r *resources) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) error {
+	if r.isClosed() {
+		return r.gone()
+	}
+	return r.fileErr(r.agent.PutFile(ctx, fileRef(p), src))
+}
+
+func (r *resources) GetFile(ctx context.Context, p kit.Path) ([]byte, error) {
+	rc, size, err := r.OpenFile(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	// Read to the end with room for one read past the size, so a file that
+	// grew is still read whole and the end is found without a copy.
+	buf := bytes.NewBuffer(make([]byte, 0, size+bytes.MinRead))
+	if _, err := buf.ReadFrom(rc); err != nil {
+		return nil, r.fileErr(sandbox.WrapError("get_file", fmt.Sprintf("reading %q", p.Orig), err))
+	}
+	return buf.Bytes(), nil
+}
+
+func (r *resources) OpenFile(ctx context.Context, p kit.Path) (io.ReadCloser, int64, error) {
+	if r.isClosed() {
+		return nil, 0, r.gone()
+	}
+	rc, size, err := r.agent.OpenFile(ctx, fileRef(p))
+	return rc, size, r.fileErr(err)
+}

@@ -1,0 +1,112 @@
+package container
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/tai42/sandbox/internal/hardening"
+)
+
+// In-container paths.
+const (
+	workspaceDir = "/workspace"
+	agentPath    = "/.tai42/agent"
+)
+
+// ociVersion is the config's runtime-spec version: crun 1.8.1 refuses any
+// version it does not know ("1.3.0" among them); the fields used here are
+// all in 1.0.2.
+const ociVersion = "1.0.2"
+
+// cfsPeriodUS is the CFS period a cpu cap is a quota of.
+const cfsPeriodUS = 100000
+
+// bind is a read-only bind mount of a host path into the container.
+type bind struct{ source, dest string }
+
+// specInput is what one session's OCI config is made of.
+type specInput struct {
+	rootfs      string // the session's root overlay, mounted
+	workspace   string // the host directory bind-mounted at /workspace
+	agent       string // the static tai42 binary, bind-mounted read-only
+	netns       string // the network namespace to join
+	binds       []bind // the host image's read-only views
+	hostname    string
+	cgroupsPath string
+	cpu         float64
+	memoryMB    int
+	pids        int64
+}
+
+// buildSpec is the session's container: the agent as PID 1 in new pid,
+// ipc, uts, mount and cgroup namespaces, the session's network namespace,
+// a private /tmp, the workspace, the caps as cgroup limits, and the
+// hardening (no new privileges, a seccomp allowlist, few capabilities,
+// masked and read-only /proc paths).
+func buildSpec(in specInput) *specs.Spec {
+	s := &specs.Spec{
+		Version:  ociVersion,
+		Root:     &specs.Root{Path: in.rootfs},
+		Hostname: in.hostname,
+		Process: &specs.Process{
+			Args: []string{agentPath, "agent", "--listen-fd", "3"},
+			Env:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			Cwd:  "/",
+			User: specs.User{UID: 0, GID: 0},
+		},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
+			{Destination: workspaceDir, Type: "bind", Source: in.workspace, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
+			{Destination: agentPath, Type: "bind", Source: in.agent, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+		},
+		Linux: &specs.Linux{
+			CgroupsPath: in.cgroupsPath,
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace},
+				{Type: specs.CgroupNamespace},
+				{Type: specs.NetworkNamespace, Path: in.netns},
+			},
+			Resources: &specs.LinuxResources{
+				Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+				Pids:    &specs.LinuxPids{Limit: &in.pids},
+			},
+		},
+	}
+	for _, b := range in.binds {
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: b.dest, Type: "bind", Source: b.source, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+	}
+	if in.memoryMB > 0 {
+		limit := int64(in.memoryMB) << 20
+		// Swap equal to the limit: memory+swap may not exceed the memory
+		// limit, so nothing is swapped (cgroups v1 memsw; v2 swap.max 0).
+		s.Linux.Resources.Memory = &specs.LinuxMemory{Limit: &limit, Swap: &limit}
+	}
+	if in.cpu > 0 {
+		quota := int64(in.cpu * cfsPeriodUS)
+		period := uint64(cfsPeriodUS)
+		s.Linux.Resources.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+	}
+	hardening.Apply(s)
+	return s
+}
+
+// writeSpec writes s as dir/config.json.
+func writeSpec(dir string, s *specs.Spec) error {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600)
+}
