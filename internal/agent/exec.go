@@ -521,7 +521,9 @@ func (e *execProc) readOutputs(w *frameConn) {
 
 // readOutput copies one pipe to w until end-of-file, until the pipe is
 // closed (a kill), or, once the command was reaped, until a read waits
-// longer than the grace (a left process holds the pipe). A write to w
+// longer than the grace (a left process holds the pipe). A left process
+// that keeps writing keeps the output going: the exec's timeout, which
+// the client enforces, bounds it. A write to w
 // that fails (the client is gone) kills the exec.
 func (e *execProc) readOutput(i int, w *frameConn) {
 	f := e.outs[i]

@@ -18,6 +18,7 @@ import (
 	"testing"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/escapeprobe/build"
 	"github.com/tai42/sandbox/internal/imagestore"
 	"github.com/tai42/sandbox/internal/sessnet"
 	"github.com/tai42/sandbox/internal/testimage"
@@ -48,6 +49,7 @@ func Main(m *testing.M) {
 		}
 		env.dir = dir
 		defer os.RemoveAll(dir)
+		defer build.Cleanup() // the escape probe, where a test built it
 		if err := prepare(dir); err != nil {
 			env.skip = err.Error()
 		}

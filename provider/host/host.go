@@ -19,7 +19,9 @@
 // left running in its group go on (a background server keeps serving the
 // session): the exec's output ends at the command's exit once its pipes
 // reach end-of-file, or after the exit grace (default 200ms) while a left
-// process still holds them. Kill on a handle whose command has exited ends
+// process still holds them without writing. A left process that keeps
+// writing into them is killed at the exec's timeout; the command's own
+// exit status stands. Kill on a handle whose command has exited ends
 // those left processes, and destroying the session ends every process group
 // it started (and, with caps, everything in its cgroup). A process that
 // leaves its group (setsid) without caps is out of reach: isolation none is

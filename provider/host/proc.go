@@ -294,8 +294,17 @@ func (p *proc) read(i int) {
 
 func (p *proc) onTimeout() {
 	p.mu.Lock()
-	if p.reason != endNone || p.exited.Load() {
+	if p.reason != endNone {
 		p.mu.Unlock()
+		return
+	}
+	if p.exited.Load() {
+		// The command exited in time, but its output is still going: a
+		// process it left in its group may keep writing for ever. The
+		// timeout ends those processes; what is already in the pipes is
+		// still read, and the command's own exit status stands.
+		p.mu.Unlock()
+		p.killGroup()
 		return
 	}
 	p.reason = endTimeout
@@ -326,7 +335,6 @@ func (p *proc) end(reason endReason) {
 // stream's end to the sink.
 func (p *proc) supervise() {
 	state, werr := p.process.Wait()
-	p.timer.Stop()
 	p.exited.Store(true)
 	close(p.exitedCh)
 	deadline := time.Now().Add(p.grace)
@@ -334,6 +342,7 @@ func (p *proc) supervise() {
 		_ = f.SetReadDeadline(deadline) // wakes a reader blocked on a held pipe
 	}
 	p.readers.Wait()
+	p.timer.Stop()
 	p.closePipes()
 	p.stdin.Close()
 	p.r.unregister(p)
