@@ -249,7 +249,7 @@ func assertClean(t testing.TB, s *Store) {
 		t.Fatal(err)
 	}
 	for _, e := range ents {
-		if imageDirPattern.MatchString(e.Name()) {
+		if imageDirPattern().MatchString(e.Name()) {
 			got = append(got, e.Name())
 		}
 	}

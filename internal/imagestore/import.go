@@ -210,7 +210,7 @@ func (st *stage) commit(ctx context.Context, e indexEntry, id v1.Hash) (indexEnt
 			return err
 		}
 		e.Dir = id.Algorithm + "-" + id.Hex + "-" + randomHex(8)
-		if !imageDirPattern.MatchString(e.Dir) {
+		if !imageDirPattern().MatchString(e.Dir) {
 			return fmt.Errorf("%w: image ID %s is not a digest this store can name a directory by", ErrInvalidImage, id)
 		}
 		if err := os.Rename(st.dir, filepath.Join(s.dir, e.Dir)); err != nil {

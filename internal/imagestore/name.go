@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 )
 
 // HostName is the name of the container provider's built-in image (see
@@ -24,14 +25,22 @@ const maxNameLen = 255
 // name.
 var ErrInvalidName = errors.New("invalid image name")
 
+// The patterns are compiled on first use, not at start: the tai42 binary
+// is also each container's agent, and its start is on every session's
+// create path.
 var (
 	// pathComponent is one lowercase path component of a repository, as
 	// the distribution reference grammar has it.
-	pathComponent = regexp.MustCompile(`^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$`)
+	pathComponent = lazyRegexp(`^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$`)
 	// domainComponent is a registry host, with an optional port.
-	domainComponent = regexp.MustCompile(`^(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?$`)
-	tagPattern      = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
+	domainComponent = lazyRegexp(`^(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?$`)
+	tagPattern      = lazyRegexp(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
 )
+
+// lazyRegexp returns a function that compiles expr on its first call.
+func lazyRegexp(expr string) func() *regexp.Regexp {
+	return sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(expr) })
+}
 
 // ValidName reports whether name can name an image in the store: nil, or
 // an error matching ErrInvalidName that says what is wrong.
@@ -69,13 +78,13 @@ func CanonicalName(name string) (string, error) {
 	repo, tag := name, DefaultTag
 	if i := strings.LastIndexByte(name, ':'); i > strings.LastIndexByte(name, '/') {
 		repo, tag = name[:i], name[i+1:]
-		if !tagPattern.MatchString(tag) {
+		if !tagPattern().MatchString(tag) {
 			return bad("tag %q: want letters, digits, '_', '.' or '-' (at most 128, not starting with '.' or '-')", tag)
 		}
 	}
 	parts := strings.Split(repo, "/")
 	if len(parts) > 1 && isDomain(parts[0]) {
-		if !domainComponent.MatchString(parts[0]) {
+		if !domainComponent().MatchString(parts[0]) {
 			return bad("registry %q is not a host name with an optional :PORT", parts[0])
 		}
 	} else if strings.Contains(parts[0], ":") {
@@ -86,7 +95,7 @@ func CanonicalName(name string) (string, error) {
 		start = 1
 	}
 	for _, p := range parts[start:] {
-		if !pathComponent.MatchString(p) {
+		if !pathComponent().MatchString(p) {
 			return bad("path component %q: want lowercase letters and digits, joined by '.', '_', \"__\" or '-'", p)
 		}
 	}

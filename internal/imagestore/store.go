@@ -10,7 +10,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -55,7 +54,7 @@ const (
 )
 
 // imageDirPattern matches the name of an image directory.
-var imageDirPattern = regexp.MustCompile(`^[a-z0-9]+-[0-9a-f]{32,128}-[0-9a-f]{16}$`)
+var imageDirPattern = lazyRegexp(`^[a-z0-9]+-[0-9a-f]{32,128}-[0-9a-f]{16}$`)
 
 // Image is an image of the store.
 type Image struct {
@@ -381,7 +380,7 @@ func (s *Store) collect(ix *index) []string {
 	}
 	var trash []string
 	for _, ent := range ents {
-		if !ent.IsDir() || !imageDirPattern.MatchString(ent.Name()) || used[ent.Name()] {
+		if !ent.IsDir() || !imageDirPattern().MatchString(ent.Name()) || used[ent.Name()] {
 			continue
 		}
 		if t, ok := s.trashIfFree(ent.Name()); ok {

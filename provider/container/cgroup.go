@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -36,9 +37,8 @@ func findCgroupLayout() (cgroupLayout, error) {
 		return cgroupLayout{}, fmt.Errorf("cgroups: %w", err)
 	}
 	for _, e := range entries {
-		if e.Name() == "unified" {
-			continue
-		}
+		// "unified" (hybrid mode's cgroup2 mount) is listed too: runc
+		// makes the session's cgroup there as well.
 		// Skip the links (cpu -> cpu,cpuacct): the directory they lead
 		// to is listed under its own name.
 		if fi, err := os.Lstat(filepath.Join(root, e.Name())); err == nil && fi.IsDir() {
@@ -75,22 +75,23 @@ func (l cgroupLayout) oomKills(path string) int64 {
 
 // remove removes cgroup path where the runtime left it (it removes its
 // own on delete; a failed create may not have). Missing is not an error.
+//
+// A cgroup whose last processes are still exiting (the kernel ends a pid
+// namespace's processes after its init, asynchronously) is busy for a
+// moment: removal is retried for up to 5 s.
 func (l cgroupLayout) remove(path string) error {
 	var errs []error
 	for _, d := range l.paths(path) {
-		if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		err := os.Remove(d)
+		for wait := time.Millisecond; errors.Is(err, unix.EBUSY) && wait < 5*time.Second; wait *= 2 {
+			time.Sleep(wait)
+			err = os.Remove(d)
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// removeParent removes the provider's shared parent cgroup where it is
-// empty.
-func (l cgroupLayout) removeParent() {
-	for _, d := range l.paths("/" + cgroupParent) {
-		_ = os.Remove(d)
-	}
 }
 
 func (l cgroupLayout) paths(path string) []string {
@@ -100,21 +101,6 @@ func (l cgroupLayout) paths(path string) []string {
 	out := make([]string, 0, len(l.dirs))
 	for _, d := range l.dirs {
 		out = append(out, filepath.Join(d, path))
-	}
-	return out
-}
-
-// leftovers lists the session cgroups below the provider's parent, for
-// tests that check nothing is left.
-func (l cgroupLayout) leftovers() []string {
-	var out []string
-	for _, d := range l.paths("/" + cgroupParent) {
-		entries, _ := os.ReadDir(d)
-		for _, e := range entries {
-			if e.IsDir() {
-				out = append(out, filepath.Join(d, e.Name()))
-			}
-		}
 	}
 	return out
 }

@@ -26,6 +26,10 @@
 //   - hardening: no new privileges, a seccomp allowlist modelled on
 //     Docker's default profile, a small capability set, masked and
 //     read-only /proc paths (see internal/hardening).
+//   - where the host allows it, a user namespace (Options.UserNamespace):
+//     root in the session is host uid [UserNamespaceBase], which owns
+//     nothing outside the session, so a process that escapes holds no
+//     privilege on the host.
 //
 // Processes: each exec is a process group inside the container; a kill, a
 // timeout or the destroy sends it SIGKILL, and the destroy ends every
@@ -42,6 +46,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -111,9 +116,42 @@ type Options struct {
 	// subnets are then unused. Providers in one process share one this
 	// way, since each manager sweeps what its prefix names.
 	Network *sessnet.Manager
+	// UserNamespace says whether each session runs in a user namespace
+	// of its own, with the fixed mapping of [UserNamespaceBase]: root in
+	// a session is then an unprivileged host uid that owns nothing
+	// outside the session, so a process that escapes the container holds
+	// no privilege on the host. "" means [DefaultUserNamespace]; see
+	// [UserNamespaceMode] for the values, [RemapsUsers] for the outcome.
+	//
+	// A remapped session's root is an overlay whose lower layer is its
+	// image idmapped (files of host root show as root in the session; the
+	// image on disk is unchanged), its upper layer and workspace owned by
+	// UserNamespaceBase on the host. The host image's read-only binds
+	// (/usr, ...) are not idmapped: their files show as nobody, readable
+	// and executable as before. /sys is the read-only sysfs of the
+	// session's network namespace as without remapping, mounted by the
+	// provider (a user namespace cannot mount it), its files nobody's.
+	// Every user in the session may bind ports below 1024. Ids past
+	// UserNamespaceSize-1 do not exist in a session (chown to one fails).
+	// A persistent workspace made in the other mode has its files' owners
+	// shifted once, at its next create (host root's files become
+	// UserNamespaceBase's, uid 1000's UserNamespaceBase+1000's, and back).
+	// Sessions share the mapping: a process that escaped one is the same
+	// host uid as root in the others.
+	//
+	// Remapping needs root, user namespaces enabled, idmapped mounts on
+	// the filesystem of the images and of the state directory, overlayfs
+	// on an idmapped lower layer (Linux 5.19), no /etc/subuid or
+	// /etc/subgid range over the sessions' ids, and the root mount points
+	// under /run/tai42/roots reachable by others.
+	UserNamespace UserNamespaceMode
 	// Logger receives lifecycle events; never env values.
 	Logger *slog.Logger
 }
+
+// DefaultUserNamespace is the user namespace mode of an Options that sets
+// none.
+const DefaultUserNamespace = UserNamespaceAuto
 
 // New returns the container provider wrapped by the kit.
 func New(opts Options) (*kit.Sandbox, error) {
@@ -143,9 +181,11 @@ type provider struct {
 	net      *sessnet.Manager
 	ownNet   bool   // net is the provider's own, closed with it
 	agent    string // the agent binary on the host
+	root     string // the provider's directory in the state directory
 	sessDir  string // per-session bundles
 	perDir   string // persistent workspaces, one per key
 	cgroups  cgroupLayout
+	userns   *os.File // the sessions' user namespace; nil: none
 	closeOne sync.Once
 }
 
@@ -168,6 +208,9 @@ func newProvider(opts Options) (_ *provider, err error) {
 	if opts.NetPrefix == "" {
 		opts.NetPrefix = "tai42"
 	}
+	if opts.UserNamespace == "" {
+		opts.UserNamespace = DefaultUserNamespace
+	}
 	state, err := filepath.Abs(opts.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("container: state directory: %w", err)
@@ -176,6 +219,7 @@ func newProvider(opts Options) (_ *provider, err error) {
 	p := &provider{
 		opts:    opts,
 		log:     opts.Logger,
+		root:    root,
 		sessDir: filepath.Join(root, "sessions"),
 		perDir:  filepath.Join(root, "workspaces"),
 	}
@@ -210,6 +254,9 @@ func newProvider(opts Options) (_ *provider, err error) {
 	}
 	if p.host, err = imagestore.BuildHost(filepath.Join(root, "hostimage")); err != nil {
 		return nil, fmt.Errorf("container: the host image: %w", err)
+	}
+	if err := p.setupUserNS(opts.UserNamespace); err != nil {
+		return nil, fmt.Errorf("container: %w", err)
 	}
 	p.net, p.ownNet = opts.Network, opts.Network == nil
 	if p.ownNet {
@@ -248,14 +295,21 @@ func agentBinary(name string) (string, error) {
 }
 
 // sweep removes what an earlier run left in the sessions directory: its
-// containers, root overlays and ephemeral workspaces. (The network manager
-// swept its own leftovers when made.)
+// containers, root overlays (in the bundle, or under rootsDir), idmapped
+// lower layers, sysfs mounts and ephemeral workspaces. (The network manager swept its
+// own leftovers when made.)
 func (p *provider) sweep() {
 	entries, _ := os.ReadDir(p.sessDir)
 	for _, e := range entries {
 		dir := filepath.Join(p.sessDir, e.Name())
 		_ = p.rt.delete(context.Background(), e.Name())
-		_ = p.rt.do(func() error { return unmount(filepath.Join(dir, "rootfs")) })
+		_ = p.rt.do(func() error {
+			_ = unmount(filepath.Join(dir, "rootfs"))
+			_ = unmount(filepath.Join(rootsDir, e.Name(), "rootfs"))
+			_ = unmount(filepath.Join(dir, "sys"))
+			return unmount(filepath.Join(dir, "lower"))
+		})
+		_ = removeRootMount(filepath.Join(rootsDir, e.Name()))
 		_ = p.cgroups.remove(cgroupsPath(e.Name()))
 		if err := removeAll(dir); err != nil {
 			p.log.Warn("container: cannot remove a left session directory", "dir", dir, "err", err)
@@ -266,8 +320,9 @@ func (p *provider) sweep() {
 }
 
 // Close releases what the provider holds itself: the network's bridges and
-// rules, the runtime's mount namespace, the shared cgroup parent. The kit
-// calls it after every session is destroyed.
+// rules, the runtime's mount namespace. (The parent cgroup "tai42", shared
+// with every other provider on the host, stays: removing it would race
+// their creates.) The kit calls it after every session is destroyed.
 func (p *provider) Close() error {
 	var errs []error
 	p.closeOne.Do(func() {
@@ -277,7 +332,9 @@ func (p *provider) Close() error {
 		if p.rt != nil {
 			p.rt.close()
 		}
-		p.cgroups.removeParent()
+		if p.userns != nil {
+			p.userns.Close()
+		}
 	})
 	return errors.Join(errs...)
 }
@@ -312,8 +369,9 @@ const cgroupParent = "tai42"
 func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Resources, err error) {
 	r := &resources{
 		p: p, id: req.ID, spec: req.Spec,
-		dir:   filepath.Join(p.sessDir, req.ID),
-		procs: make(map[*rproc]struct{}),
+		dir:    filepath.Join(p.sessDir, req.ID),
+		procs:  make(map[*rproc]struct{}),
+		initFD: -1,
 	}
 	defer func() {
 		if err != nil {
@@ -326,14 +384,23 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 		return nil, err
 	}
 	r.made = true
+	// Root in the session owns its workspace and its root's upper layer:
+	// host uid UserNamespaceBase when remapped, host root otherwise.
+	owner := p.rootUID()
 	if req.Spec.Durability == sandbox.Persistent {
 		r.ws = filepath.Join(p.perDir, req.Spec.WorkspaceKey)
 		if err := os.MkdirAll(r.ws, 0o700); err != nil {
 			return nil, err
 		}
+		if err := shiftOwners(r.ws, p.userns != nil); err != nil {
+			return nil, fmt.Errorf("the persistent workspace %q, made with the other user namespace mode: %w", req.Spec.WorkspaceKey, err)
+		}
 	} else {
 		r.ws = filepath.Join(r.dir, "workspace")
 		if err := os.Mkdir(r.ws, 0o700); err != nil {
+			return nil, err
+		}
+		if err := os.Chown(r.ws, owner, owner); err != nil {
 			return nil, err
 		}
 	}
@@ -353,14 +420,48 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 		lower, env = img.Rootfs, img.Env
 	}
 	r.env = baseEnv(env)
-	rootfs := filepath.Join(r.dir, "rootfs")
-	for _, d := range []string{"upper", "work", "rootfs"} {
-		if err := os.Mkdir(filepath.Join(r.dir, d), 0o700); err != nil {
+	for _, d := range []string{"upper", "work"} {
+		// The upper layer's top is the session's "/": 0755, as a root
+		// is (the bundle directory above it is 0700).
+		mode := os.FileMode(0o755)
+		if d == "work" {
+			mode = 0o700
+		}
+		if err := os.Mkdir(filepath.Join(r.dir, d), mode); err != nil {
+			return nil, err
+		}
+		if err := os.Chown(filepath.Join(r.dir, d), owner, owner); err != nil {
 			return nil, err
 		}
 	}
+	if p.userns != nil {
+		// The image idmapped, so that its root's files are root's in the
+		// session; and the root's mount point where the session's root
+		// can reach it (see rootsDir).
+		idmapped := filepath.Join(r.dir, "lower")
+		if err := os.Mkdir(idmapped, 0o700); err != nil {
+			return nil, err
+		}
+		if err := p.rt.do(func() error { return mountIDMapped(lower, idmapped, p.userns) }); err != nil {
+			return nil, fmt.Errorf("the session's image: %w", err)
+		}
+		r.lowerMounted, lower = true, idmapped
+		r.rootDir = filepath.Join(rootsDir, req.ID)
+		if err := os.Mkdir(r.rootDir, 0o700); err != nil {
+			return nil, fmt.Errorf("the session's root mount point: %w", err)
+		}
+		if err := os.Chown(r.rootDir, owner, owner); err != nil {
+			return nil, err
+		}
+		r.rootfs = filepath.Join(r.rootDir, "rootfs")
+	} else {
+		r.rootfs = filepath.Join(r.dir, "rootfs")
+	}
+	if err := os.Mkdir(r.rootfs, 0o700); err != nil {
+		return nil, err
+	}
 	if err := p.rt.do(func() error {
-		return mountOverlay(lower, filepath.Join(r.dir, "upper"), filepath.Join(r.dir, "work"), rootfs)
+		return mountOverlay(lower, filepath.Join(r.dir, "upper"), filepath.Join(r.dir, "work"), r.rootfs)
 	}); err != nil {
 		return nil, fmt.Errorf("the session's root overlay: %w", err)
 	}
@@ -394,8 +495,26 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 		return nil, fmt.Errorf("the session's network namespace: %w", err)
 	}
 	defer nsFile.Close()
+	var sysfs string
+	if p.userns != nil {
+		fd, err := prepareNetns(nsFile)
+		if err != nil {
+			return nil, err
+		}
+		defer unix.Close(fd)
+		sysfs = filepath.Join(r.dir, "sys")
+		if err := os.Mkdir(sysfs, 0o700); err != nil {
+			return nil, err
+		}
+		if err := p.rt.do(func() error { return attach(fd, sysfs) }); err != nil {
+			return nil, fmt.Errorf("the session's sysfs: %w", err)
+		}
+		r.sysMounted = true
+	}
 	spec := buildSpec(specInput{
-		rootfs:      rootfs,
+		remap:       p.userns != nil,
+		sysfs:       sysfs,
+		rootfs:      r.rootfs,
 		workspace:   r.ws,
 		agent:       p.agent,
 		netns:       fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), nsFile.Fd()),
@@ -415,9 +534,10 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 	}
 	defer log.Close()
 	r.started = true
-	if err := p.rt.run(ctx, req.ID, r.dir, log, lnFile); err != nil {
+	if err := p.rt.run(ctx, req.ID, r.dir, log, lnFile, p.userns != nil); err != nil {
 		return nil, err
 	}
+	r.initFD = pidfdOf(filepath.Join(r.dir, initPidFile))
 	r.agent = &agent.Client{Dial: r.dial}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -426,6 +546,32 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 		return nil, fmt.Errorf("the session's agent did not answer: %w%s", err, ifNotEmpty("; its log: ", msg))
 	}
 	return r, nil
+}
+
+// pidfdOf opens a pidfd on the process whose pid file is name; -1 when it
+// cannot (the destroy then leaves the whole kill to the runtime).
+func pidfdOf(name string) int {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return -1
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return -1
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1
+	}
+	return fd
+}
+
+// rootUID is the host uid (and gid) of root in a session.
+func (p *provider) rootUID() int {
+	if p.userns != nil {
+		return UserNamespaceBase
+	}
+	return 0
 }
 
 func ifNotEmpty(prefix, s string) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,14 +30,15 @@ const (
 // agent's process, the sink its output goes to, the deadline, and why it
 // was ended.
 type rproc struct {
-	r       *resources
-	ap      *agent.Proc
-	sink    execout.Sink
-	timeout time.Duration
-	timer   *time.Timer
-	lens    [2]atomic.Int64
-	oomAt   int64         // the cgroup's OOM kill count at the start
-	done    chan struct{} // closed once the end is handed to the sink
+	r           *resources
+	ap          *agent.Proc
+	sink        execout.Sink
+	timeout     time.Duration
+	timer       *time.Timer
+	lens        [2]atomic.Int64
+	oomAt       int64 // the cgroup's OOM kill count at the start
+	interactive bool
+	done        chan struct{} // closed once the end is handed to the sink
 
 	mu     sync.Mutex
 	reason endReason
@@ -74,7 +76,7 @@ func (r *resources) start(ctx context.Context, op string, req kit.ExecRequest, i
 		return nil, err
 	}
 	defer r.starting.Done()
-	p := &rproc{r: r, sink: sk, timeout: req.Timeout, done: make(chan struct{})}
+	p := &rproc{r: r, sink: sk, timeout: req.Timeout, interactive: interactive, done: make(chan struct{})}
 	p.oomAt = r.p.cgroups.oomKills(cgroupsPath(r.id))
 	out := func(i int, b []byte) bool {
 		p.lens[i].Add(int64(len(b)))
@@ -116,8 +118,17 @@ func (r *resources) start(ctx context.Context, op string, req kit.ExecRequest, i
 
 func (p *rproc) onTimeout() {
 	p.mu.Lock()
-	if p.reason != endNone || p.exited() {
+	if p.reason != endNone {
 		p.mu.Unlock()
+		return
+	}
+	if p.exited() {
+		// The command exited in time, but its output is still going: a
+		// process it left in its group may keep writing for ever. The
+		// timeout ends those processes; what is already in the pipes is
+		// still read, and the command's own exit status stands.
+		p.mu.Unlock()
+		_ = p.ap.Kill(true)
 		return
 	}
 	p.reason = endTimeout
@@ -125,6 +136,13 @@ func (p *rproc) onTimeout() {
 	// The agent drains what the killed group wrote, so the lengths count
 	// every byte.
 	_ = p.ap.Kill(true)
+}
+
+// release lets go of the exec's connections to the agent and of its place
+// among the session's execs.
+func (p *rproc) release() {
+	p.ap.Close()
+	p.r.unregister(p)
 }
 
 // setReason records why the exec ends unless a reason came first.
@@ -154,8 +172,15 @@ func (p *rproc) end(reason endReason) {
 func (p *rproc) supervise() {
 	<-p.ap.Done()
 	p.timer.Stop()
+	if !p.interactive {
+		// Nothing more goes to the agent about a non-interactive exec.
+		// An interactive one keeps its connection, and its place among
+		// the session's execs, for a Kill after the exit (it ends what
+		// the command left running) until Kill returns, the session is
+		// destroyed, or its handle is dropped.
+		p.release()
+	}
 	res := p.ap.Result()
-	p.r.unregister(p)
 
 	p.mu.Lock()
 	reason := p.reason
@@ -232,7 +257,11 @@ func (r *resources) ExecStart(ctx context.Context, req kit.ExecRequest) (sandbox
 	if err != nil {
 		return nil, err
 	}
-	return &handle{p: p, st: st, stdinMu: make(chan struct{}, 1)}, nil
+	h := &handle{p: p, st: st, stdinMu: make(chan struct{}, 1)}
+	// A handle dropped by its caller lets go of the agent's connections;
+	// the agent then kills the exec if it still runs.
+	runtime.AddCleanup(h, (*rproc).release, p)
+	return h, nil
 }
 
 // Exited implements sandbox.ExitWatcher: closed once the command has
@@ -294,6 +323,14 @@ func (h *handle) CloseStdin(ctx context.Context) error {
 	return nil
 }
 
+// killed is the end of a Kill: no timeout from here on, and the handle's
+// connections to the agent are let go (a handle keeps resources only until
+// Kill has returned).
+func (h *handle) killed() {
+	h.st.NoTimeout()
+	h.p.release()
+}
+
 // Kill ends the exec's process group (after the command's exit: what it
 // left running in it) and waits until the stream's end is decided, so that
 // Next then ends promptly with the output taken in before the kill.
@@ -301,13 +338,13 @@ func (h *handle) Kill(ctx context.Context) error {
 	h.p.end(endKill)
 	select {
 	case <-h.p.done:
-		h.st.NoTimeout()
+		h.killed()
 		return nil
 	default:
 	}
 	select {
 	case <-h.p.done:
-		h.st.NoTimeout()
+		h.killed()
 		return nil
 	case <-ctx.Done():
 		return sandbox.WrapError("kill", "the exec's process group was sent SIGKILL but its end has not been reported yet", ctx.Err())

@@ -34,17 +34,23 @@ type resources struct {
 	ws   string
 	env  map[string]string // the exec base environment
 
+	rootfs       string // the root overlay's mount point
+	rootDir      string // when remapped, rootfs's own directory under rootsDir
+	lowerMounted bool   // the image, idmapped, is mounted at dir/lower
+	sysMounted   bool   // the session's sysfs is mounted at dir/sys
+
 	made, mounted, started bool
 	release                func() // the image's hold, or nil
 	net                    *sessnet.Net
 	dirFD                  int // an O_PATH handle on dir, for a short socket path
+	initFD                 int // a pidfd on the container's PID 1, or -1
 	agent                  *agent.Client
 
 	starting sync.WaitGroup // execs between the closed check and register
 
 	mu     sync.Mutex
 	closed bool
-	procs  map[*rproc]struct{} // running execs
+	procs  map[*rproc]struct{} // running execs, and ended interactive ones whose handles are held
 }
 
 var (
@@ -78,8 +84,9 @@ func (r *resources) isClosed() bool {
 }
 
 // Destroy ends every exec, then the container (every process in it), and
-// removes the session's network, root overlay, cgroup and bundle; an
-// ephemeral workspace goes with the bundle, a persistent one is kept.
+// removes the session's network, root overlay (and its idmapped image
+// and sysfs), cgroup and bundle; an ephemeral workspace goes with the bundle, a
+// persistent one is kept.
 func (r *resources) Destroy(ctx context.Context) error {
 	r.mu.Lock()
 	if r.closed {
@@ -98,9 +105,12 @@ func (r *resources) Destroy(ctx context.Context) error {
 	for _, p := range procs {
 		p.end(endDestroy)
 	}
-	// Deleting the container kills its PID 1, and with it every process
-	// in its pid namespace; the agent's connections end, so do the execs.
+	// Killing the container's PID 1 ends every process in its pid
+	// namespace; the agent's connections end, so do the execs. Deleting a
+	// stopped container is then quick (runc's own kill of a running one
+	// waits about 100 ms).
 	var errs []error
+	r.killInit()
 	if err := r.p.rt.delete(ctx, r.id); err != nil {
 		errs = append(errs, err)
 	}
@@ -111,8 +121,27 @@ func (r *resources) Destroy(ctx context.Context) error {
 		case <-time.After(10 * time.Second):
 			errs = append(errs, fmt.Errorf("an exec did not end within 10s of the container's deletion"))
 		}
+		p.release()
 	}
 	return errors.Join(append(errs, r.cleanup(ctx))...)
+}
+
+// killInit sends SIGKILL to the container's PID 1 through its pidfd and
+// waits up to 2 s for it to end.
+func (r *resources) killInit() {
+	if r.initFD < 0 {
+		return
+	}
+	if err := unix.PidfdSendSignal(r.initFD, unix.SIGKILL, nil, 0); err != nil {
+		return // gone already
+	}
+	fds := []unix.PollFd{{Fd: int32(r.initFD), Events: unix.POLLIN}}
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
+		n, err := unix.Poll(fds, int(time.Until(deadline).Milliseconds())+1)
+		if n > 0 || (err != nil && err != unix.EINTR) {
+			return
+		}
+	}
 }
 
 // cleanup removes what Create made, in reverse; it is also the rollback of
@@ -123,6 +152,10 @@ func (r *resources) cleanup(ctx context.Context) error {
 		if err := r.p.rt.delete(ctx, r.id); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if r.initFD >= 0 {
+		unix.Close(r.initFD)
+		r.initFD = -1
 	}
 	if r.dirFD > 0 {
 		unix.Close(r.dirFD)
@@ -138,9 +171,26 @@ func (r *resources) cleanup(ctx context.Context) error {
 	}
 	unmounted := true
 	if r.mounted {
-		if err := r.p.rt.do(func() error { return unmount(filepath.Join(r.dir, "rootfs")) }); err != nil {
+		if err := r.p.rt.do(func() error { return unmount(r.rootfs) }); err != nil {
 			errs = append(errs, fmt.Errorf("unmount the session's root: %w", err))
 			unmounted = false
+		}
+	}
+	if r.lowerMounted {
+		if err := r.p.rt.do(func() error { return unmount(filepath.Join(r.dir, "lower")) }); err != nil {
+			errs = append(errs, fmt.Errorf("unmount the session's idmapped image: %w", err))
+			unmounted = false
+		}
+	}
+	if r.sysMounted {
+		if err := r.p.rt.do(func() error { return unmount(filepath.Join(r.dir, "sys")) }); err != nil {
+			errs = append(errs, fmt.Errorf("unmount the session's sysfs: %w", err))
+			unmounted = false
+		}
+	}
+	if r.rootDir != "" && unmounted {
+		if err := removeRootMount(r.rootDir); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if r.release != nil {
@@ -155,6 +205,18 @@ func (r *resources) cleanup(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removeRootMount removes a remapped session's directory under rootsDir
+// and the (unmounted, so empty) mount point in it; missing is not an
+// error. It never removes anything else.
+func removeRootMount(dir string) error {
+	for _, d := range []string{filepath.Join(dir, "rootfs"), dir} {
+		if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove the session's root mount point: %w", err)
+		}
+	}
+	return nil
 }
 
 // removeAll removes dir even when the session left directories without

@@ -72,8 +72,9 @@ func (rt *ociRuntime) do(fn func() error) error {
 }
 
 // command runs the runtime with args, its output going to log. extra are
-// files the container inherits from fd 3 on.
-func (rt *ociRuntime) command(ctx context.Context, log *os.File, extra []*os.File, args ...string) error {
+// files the container inherits from fd 3 on. With ownKeyring the runtime
+// starts with a new, empty session keyring (see run).
+func (rt *ociRuntime) command(ctx context.Context, log *os.File, extra []*os.File, ownKeyring bool, args ...string) error {
 	var errBuf bytes.Buffer
 	cmd := exec.CommandContext(ctx, rt.bin, append([]string{"--root", rt.root}, args...)...)
 	cmd.ExtraFiles = extra
@@ -84,8 +85,32 @@ func (rt *ociRuntime) command(ctx context.Context, log *os.File, extra []*os.Fil
 	} else {
 		cmd.Stdout, cmd.Stderr = &errBuf, &errBuf
 	}
-	// Only the fork needs the namespace's thread; the wait does not hold it.
-	err := rt.do(cmd.Start)
+	start := cmd.Start
+	if ownKeyring {
+		// A session keyring is the joining thread's: the fork follows on
+		// it. That thread is the runtime's own mount namespace's, or one
+		// that ends after the fork, so that nothing else this process
+		// starts gets the container's keyring.
+		start = func() error {
+			if _, _, errno := unix.Syscall(unix.SYS_KEYCTL, unix.KEYCTL_JOIN_SESSION_KEYRING, 0, 0); errno != 0 {
+				return fmt.Errorf("%s %s: a new session keyring: %w", rt.name, args[0], errno)
+			}
+			return cmd.Start()
+		}
+	}
+	var err error
+	if ownKeyring && rt.ns == nil {
+		errc := make(chan error, 1)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+			errc <- start()
+		}()
+		err = <-errc
+	} else {
+		// Only the fork needs the namespace's thread; the wait does not
+		// hold it.
+		err = rt.do(start)
+	}
 	if err == nil {
 		err = cmd.Wait()
 	}
@@ -104,14 +129,32 @@ func (rt *ociRuntime) command(ctx context.Context, log *os.File, extra []*os.Fil
 
 // run creates and starts container id from bundle, detached, handing it
 // listener as fd 3.
-func (rt *ociRuntime) run(ctx context.Context, id, bundle string, log, listener *os.File) error {
-	return rt.command(ctx, log, []*os.File{listener}, "run", "--detach", "--preserve-fds", "1", "--bundle", bundle, id)
+//
+// A remapped container (remapped) gets a session keyring made here, new
+// and empty, host root's, instead of the one the runtime would make: runc
+// makes it in the container's user namespace, where it counts against
+// the key quota of the container's root, a user every remapped session
+// on the host shares (kernel.keys.maxkeys, 200 by default), and fails
+// ("disk quota exceeded") past that many sessions. (crun makes it as
+// host root; both runtimes get the same here.) Nothing in a session
+// reaches a keyring anyway: the seccomp profile refuses keyctl, add_key
+// and request_key.
+func (rt *ociRuntime) run(ctx context.Context, id, bundle string, log, listener *os.File, remapped bool) error {
+	args := []string{"run", "--detach", "--preserve-fds", "1", "--bundle", bundle, "--pid-file", filepath.Join(bundle, initPidFile)}
+	if remapped {
+		args = append(args, "--no-new-keyring")
+	}
+	return rt.command(ctx, log, []*os.File{listener}, remapped, append(args, id)...)
 }
+
+// initPidFile, in a session's bundle, holds its container's PID 1 as this
+// process's pid namespace sees it.
+const initPidFile = "init.pid"
 
 // delete kills every process of container id and removes it; a container
 // that does not exist is not an error.
 func (rt *ociRuntime) delete(ctx context.Context, id string) error {
-	err := rt.command(ctx, nil, nil, "delete", "--force", id)
+	err := rt.command(ctx, nil, nil, false, "delete", "--force", id)
 	if err != nil && (strings.Contains(err.Error(), "does not exist") || strings.Contains(err.Error(), "not found")) {
 		return nil
 	}
@@ -153,10 +196,18 @@ type mountNS struct {
 func newMountNS(hide ...string) (*mountNS, error) {
 	ns := &mountNS{jobs: make(chan func()), done: make(chan struct{})}
 	ready := make(chan error, 1)
-	go func() {
+	var run func()
+	run = func() {
 		// The thread never goes back to the scheduler: it dies with this
-		// goroutine, and the namespace with it.
+		// goroutine, and the namespace with it. The process's main
+		// thread cannot die (Go parks it instead), so the namespace is
+		// never made there: on it, start again on another goroutine.
 		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			runtime.UnlockOSThread()
+			go run()
+			return
+		}
 		defer close(ns.done)
 		if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_FS); err != nil {
 			ready <- fmt.Errorf("unshare a mount namespace: %w", err)
@@ -176,7 +227,8 @@ func newMountNS(hide ...string) (*mountNS, error) {
 		for job := range ns.jobs {
 			job()
 		}
-	}()
+	}
+	go run()
 	if err := <-ready; err != nil {
 		<-ns.done
 		return nil, err

@@ -29,6 +29,8 @@ type bind struct{ source, dest string }
 
 // specInput is what one session's OCI config is made of.
 type specInput struct {
+	remap       bool   // a user namespace of UserNamespaceBase's mapping
+	sysfs       string // when remapped, the session's sysfs, mounted
 	rootfs      string // the session's root overlay, mounted
 	workspace   string // the host directory bind-mounted at /workspace
 	agent       string // the static tai42 binary, bind-mounted read-only
@@ -42,10 +44,11 @@ type specInput struct {
 }
 
 // buildSpec is the session's container: the agent as PID 1 in new pid,
-// ipc, uts, mount and cgroup namespaces, the session's network namespace,
-// a private /tmp, the workspace, the caps as cgroup limits, and the
-// hardening (no new privileges, a seccomp allowlist, few capabilities,
-// masked and read-only /proc paths).
+// ipc, uts, mount and cgroup namespaces (and a user namespace when
+// remapped), the session's network namespace, a private /tmp, the
+// workspace, the caps as cgroup limits, and the hardening (no new
+// privileges, a seccomp allowlist, few capabilities, masked and read-only
+// /proc paths).
 func buildSpec(in specInput) *specs.Spec {
 	s := &specs.Spec{
 		Version:  ociVersion,
@@ -83,6 +86,18 @@ func buildSpec(in specInput) *specs.Spec {
 				Pids:    &specs.LinuxPids{Limit: &in.pids},
 			},
 		},
+	}
+	if in.remap {
+		ids := []specs.LinuxIDMapping{{ContainerID: 0, HostID: UserNamespaceBase, Size: UserNamespaceSize}}
+		s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+		s.Linux.UIDMappings, s.Linux.GIDMappings = ids, ids
+		// The provider mounted the sysfs, which the user namespace could
+		// not (see prepareNetns).
+		for i := range s.Mounts {
+			if s.Mounts[i].Destination == "/sys" {
+				s.Mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: in.sysfs, Options: []string{"bind", "ro", "nosuid", "noexec", "nodev"}}
+			}
+		}
 	}
 	for _, b := range in.binds {
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: b.dest, Type: "bind", Source: b.source, Options: []string{"rbind", "ro", "nosuid", "nodev"}})

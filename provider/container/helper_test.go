@@ -1,0 +1,941 @@
+package container_test
+
+// Helpers of the escape, caps and leak tests: providers and sessions made
+// for a test and torn down at its end, the escape probe put into a session
+// and run there, the provider's on-disk and cgroup layout as the host sees
+// it, and an "outside" test host in a network namespace of the test's own.
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+
+	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/containersuite"
+	"github.com/tai42/sandbox/internal/escapeprobe/build"
+	"github.com/tai42/sandbox/kit"
+	"github.com/tai42/sandbox/provider/container"
+)
+
+// permissive lets every network tier and persistence through the kit.
+var permissive = sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationContainer, Durable: true}
+
+// runtimes and images are what each test runs on.
+var (
+	runtimes = []string{"runc", "crun"}
+	images   = []string{container.HostImage, containersuite.Busybox}
+)
+
+// callTimeout bounds one provider call of a test.
+const callTimeout = 60 * time.Second
+
+// execTimeout is the Timeout of an ordinary exec.
+const execTimeout = 30 * time.Second
+
+// forEachRuntime runs fn as a subtest per OCI runtime, skipping a runtime
+// that is not installed.
+func forEachRuntime(t *testing.T, fn func(t *testing.T, rt string)) {
+	t.Helper()
+	containersuite.Require(t)
+	for _, rt := range runtimes {
+		t.Run(rt, func(t *testing.T) {
+			if !containersuite.HasRuntime(rt) {
+				t.Skipf("%s is not installed (apt-get install -y %s)", rt, rt)
+			}
+			fn(t, rt)
+		})
+	}
+}
+
+// forEachRuntimeImage runs fn as a subtest per runtime and image, with
+// one provider (of the default user namespace mode) per runtime shared by
+// the images' subtests.
+func forEachRuntimeImage(t *testing.T, fn func(t *testing.T, p *testProvider, image string)) {
+	t.Helper()
+	forEachRuntime(t, func(t *testing.T, rt string) {
+		p := newProvider(t, rt)
+		for _, image := range images {
+			t.Run(imageName(image), func(t *testing.T) { fn(t, p, image) })
+		}
+	})
+}
+
+// userNSModes are the user namespace modes the escape battery runs in:
+// remapped (root in a session is an unprivileged host uid), and not (root
+// in a session is host root, held back by the hardening alone).
+var userNSModes = []container.UserNamespaceMode{container.UserNamespaceOn, container.UserNamespaceOff}
+
+// forEachRuntimeMode runs fn as a subtest per runtime and user namespace
+// mode, with a provider of that runtime and mode; mode on is skipped,
+// saying why, where the host cannot remap.
+func forEachRuntimeMode(t *testing.T, fn func(t *testing.T, p *testProvider)) {
+	t.Helper()
+	forEachRuntime(t, func(t *testing.T, rt string) {
+		for _, mode := range userNSModes {
+			t.Run("userns-"+string(mode), func(t *testing.T) { fn(t, newProviderMode(t, rt, mode)) })
+		}
+	})
+}
+
+// forEachSetup runs fn as a subtest per runtime, user namespace mode and
+// image, with one provider per runtime and mode shared by the images'
+// subtests.
+func forEachSetup(t *testing.T, fn func(t *testing.T, p *testProvider, image string)) {
+	t.Helper()
+	forEachRuntimeMode(t, func(t *testing.T, p *testProvider) {
+		for _, image := range images {
+			t.Run(imageName(image), func(t *testing.T) { fn(t, p, image) })
+		}
+	})
+}
+
+// imageName is image as a subtest name.
+func imageName(image string) string {
+	if image == containersuite.Busybox {
+		return "busybox"
+	}
+	return image
+}
+
+// testProvider is a container provider of a test: its kit sandbox and the
+// options it was made with.
+type testProvider struct {
+	sb   *kit.Sandbox
+	opts container.Options
+	rt   string
+}
+
+// newProvider makes a provider on runtime rt with a fresh state
+// directory, closed at the end of t.
+func newProvider(t testing.TB, rt string) *testProvider {
+	t.Helper()
+	opts := containersuite.Options(t, rt, permissive)
+	opts.ReapInterval = -1 // the tests destroy what they make
+	return &testProvider{sb: containersuite.New(t, opts), opts: opts, rt: rt}
+}
+
+// newProviderMode makes a provider on runtime rt in user namespace mode
+// mode, closed at the end of t; it skips t when mode is on and the host
+// cannot remap.
+func newProviderMode(t testing.TB, rt string, mode container.UserNamespaceMode) *testProvider {
+	t.Helper()
+	opts := containersuite.Options(t, rt, permissive)
+	opts.ReapInterval = -1
+	opts.UserNamespace = mode
+	sb, err := container.New(opts)
+	if err != nil {
+		if mode == container.UserNamespaceOn {
+			t.Skipf("this host cannot run sessions in a user namespace: %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sb.Close(context.Background()); err != nil {
+			t.Errorf("closing the container sandbox: %v", err)
+		}
+	})
+	if got := container.RemapsUsers(sb); got != (mode == container.UserNamespaceOn) {
+		t.Fatalf("a provider in user namespace mode %s: RemapsUsers = %v", mode, got)
+	}
+	return &testProvider{sb: sb, opts: opts, rt: rt}
+}
+
+// root is the provider's own directory under its state directory.
+func (p *testProvider) root() string { return filepath.Join(p.opts.StateDir, "container") }
+
+// sessionsDir holds the sessions' bundles: root overlays, ephemeral
+// workspaces, configs, agent sockets.
+func (p *testProvider) sessionsDir() string { return filepath.Join(p.root(), "sessions") }
+
+// bundle is session id's bundle directory on the host.
+func (p *testProvider) bundle(id string) string { return filepath.Join(p.sessionsDir(), id) }
+
+// upper is the upper layer of session id's root overlay on the host: where
+// the session's writes to its root land.
+func (p *testProvider) upper(id string) string { return filepath.Join(p.bundle(id), "upper") }
+
+// runtimeRoot is the OCI runtime's state directory.
+func (p *testProvider) runtimeRoot() string { return filepath.Join(p.root(), p.rt) }
+
+// spec is an ephemeral session spec of image on network.
+func spec(image string, network sandbox.Network) sandbox.SessionSpec {
+	return sandbox.SessionSpec{
+		Image:      image,
+		Durability: sandbox.Ephemeral,
+		Network:    network,
+		TTLSeconds: 600,
+	}
+}
+
+// ctxFor is a context for one call of t, cancelled at its end.
+func ctxFor(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// session creates a session of sp, destroyed at the end of t.
+func (p *testProvider) session(t testing.TB, sp sandbox.SessionSpec) sandbox.Session {
+	t.Helper()
+	sess, err := p.sb.CreateSession(ctxFor(t), sp)
+	if err != nil {
+		t.Fatalf("CreateSession(image %s, network %s): %v", sp.Image, sp.Network, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		if err := sess.Destroy(ctx); err != nil {
+			t.Errorf("destroying session %s: %v", sess.ID(), err)
+		}
+		if dirs := cgroupDirs(sess.ID()); len(dirs) > 0 {
+			t.Errorf("cgroups left after destroying session %s: %v", sess.ID(), dirs)
+			removeCgroups(t, sess.ID())
+		}
+	})
+	return sess
+}
+
+// removeCgroups removes what the provider left of session id's cgroups,
+// so that a failed test does not litter the machine: a cgroup whose last
+// process has not been reaped yet is busy for a while.
+func removeCgroups(t testing.TB, id string) {
+	t.Helper()
+	start := time.Now()
+	deadline := start.Add(10 * time.Second)
+	for {
+		dirs := cgroupDirs(id)
+		var errs []error
+		for _, d := range dirs {
+			if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+		if len(errs) == 0 {
+			t.Logf("removed the cgroups the provider left, %v after the first try", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Logf("could not remove the cgroups the provider left: %v", errors.Join(errs...))
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// run runs argv in sess, failing t when Exec errs.
+func run(t testing.TB, sess sandbox.Session, argv ...string) sandbox.ExecResult {
+	t.Helper()
+	res, err := sess.Exec(ctxFor(t), argv, sandbox.ExecOptions{Timeout: execTimeout})
+	if err != nil {
+		t.Fatalf("Exec(%q) in %s: %v", argv, sess.ID(), err)
+	}
+	return res
+}
+
+// sh runs a shell script in sess and returns its result.
+func sh(t testing.TB, sess sandbox.Session, script string, args ...string) sandbox.ExecResult {
+	t.Helper()
+	return run(t, sess, append([]string{"sh", "-c", script, "sh"}, args...)...)
+}
+
+// mustSh runs a shell script that must succeed and returns its stdout.
+func mustSh(t testing.TB, sess sandbox.Session, script string, args ...string) string {
+	t.Helper()
+	res := sh(t, sess, script, args...)
+	if res.ExitCode != 0 {
+		t.Fatalf("sh -c %q in %s: exit %d, stdout %q, stderr %q", script, sess.ID(), res.ExitCode, res.Stdout, res.Stderr)
+	}
+	return res.Stdout
+}
+
+// probePath is where the escape probe is put in a session.
+const probePath = "/workspace/escapeprobe"
+
+var probeBytes struct {
+	once sync.Once
+	b    []byte
+	err  error
+}
+
+// installProbe puts the escape probe into sess's workspace and makes it
+// executable.
+func installProbe(t testing.TB, sess sandbox.Session) {
+	t.Helper()
+	path := build.Build(t)
+	probeBytes.once.Do(func() { probeBytes.b, probeBytes.err = os.ReadFile(path) })
+	if probeBytes.err != nil {
+		t.Fatalf("reading the escape probe: %v", probeBytes.err)
+	}
+	if err := sess.PutFile(ctxFor(t), "escapeprobe", probeBytes.b); err != nil {
+		t.Fatalf("PutFile(escapeprobe): %v", err)
+	}
+	run(t, sess, "chmod", "+x", probePath)
+}
+
+// probeResult is the escape probe's one JSON line.
+type probeResult struct {
+	OK     bool   `json:"ok"`
+	Err    string `json:"err"`
+	Detail string `json:"detail"`
+}
+
+// items splits a several-attempt detail into NAME -> RESULT.
+func (p probeResult) items() map[string]string {
+	m := map[string]string{}
+	for f := range strings.FieldsSeq(p.Detail) {
+		if k, v, ok := strings.Cut(f, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// probe runs the escape probe in sess (installed by installProbe) and
+// returns its answer.
+func probe(t testing.TB, sess sandbox.Session, args ...string) probeResult {
+	t.Helper()
+	res, err := sess.Exec(ctxFor(t), append([]string{probePath}, args...), sandbox.ExecOptions{Timeout: execTimeout})
+	if err != nil {
+		t.Fatalf("escapeprobe %q: %v", args, err)
+	}
+	return parseProbe(t, args, res)
+}
+
+func parseProbe(t testing.TB, args []string, res sandbox.ExecResult) probeResult {
+	t.Helper()
+	var p probeResult
+	if res.ExitCode != 0 {
+		t.Fatalf("escapeprobe %q: exit %d, stdout %q, stderr %q", args, res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if err := jsonLine(res.Stdout, &p); err != nil {
+		t.Fatalf("escapeprobe %q: %v (stderr %q)", args, err, res.Stderr)
+	}
+	return p
+}
+
+// jsonLine decodes the probe's one JSON line from its stdout.
+func jsonLine(stdout string, p *probeResult) error {
+	if err := json.Unmarshal([]byte(strings.TrimSpace(stdout)), p); err != nil {
+		return fmt.Errorf("stdout %q is not the probe's JSON line: %w", stdout, err)
+	}
+	return nil
+}
+
+// randomToken is a fresh random hex string.
+func randomToken(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // never fails on Linux
+	return hex.EncodeToString(b)
+}
+
+// canary is a host file holding a random secret, removed at the end of
+// the test.
+type canary struct {
+	dir, path, secret string
+}
+
+// newCanary writes a canary in a new directory under parent ("" for the
+// default temporary directory).
+func newCanary(t testing.TB, parent string) canary {
+	t.Helper()
+	var dir string
+	if parent == "" {
+		dir = t.TempDir()
+	} else {
+		var err error
+		if dir, err = os.MkdirTemp(parent, "tai42-canary-"); err != nil {
+			t.Fatalf("canary directory in %s: %v", parent, err)
+		}
+		t.Cleanup(func() {
+			if err := os.RemoveAll(dir); err != nil {
+				t.Errorf("removing the canary directory %s: %v", dir, err)
+			}
+		})
+	}
+	c := canary{dir: dir, path: filepath.Join(dir, "canary"), secret: "tai42-secret-" + randomToken(16)}
+	if err := os.WriteFile(c.path, []byte(c.secret+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// intact checks that the canary's file holds its secret alone and that its
+// directory holds nothing else.
+func (c canary) intact(t testing.TB, after string) {
+	t.Helper()
+	b, err := os.ReadFile(c.path)
+	if err != nil || string(b) != c.secret+"\n" {
+		t.Errorf("after %s: the host canary %s holds %q (%v), want its secret unchanged", after, c.path, b, err)
+	}
+	entries, err := os.ReadDir(c.dir)
+	if err != nil {
+		t.Fatalf("after %s: %v", after, err)
+	}
+	for _, e := range entries {
+		if e.Name() != "canary" {
+			t.Errorf("after %s: %s appeared on the host in the canary's directory", after, filepath.Join(c.dir, e.Name()))
+		}
+	}
+}
+
+// cgroupDirs are session id's cgroup directories on the host, one per v1
+// controller hierarchy (or the one v2 directory), that exist.
+func cgroupDirs(id string) []string {
+	matches, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*/tai42", id))
+	if m, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/tai42", id)); len(m) > 0 {
+		matches = append(matches, m...)
+	}
+	return matches
+}
+
+// cgroupFile is file of session id's cgroup in the first hierarchy that
+// has it (v1: /sys/fs/cgroup/<controller>/tai42/<id>/file, v2:
+// /sys/fs/cgroup/tai42/<id>/file); "" if none has it.
+func cgroupFile(id, file string) string {
+	for _, d := range cgroupDirs(id) {
+		p := filepath.Join(d, file)
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// readCgroupInt reads a number from session id's cgroup file.
+func readCgroupInt(t testing.TB, id, file string) int64 {
+	t.Helper()
+	p := cgroupFile(id, file)
+	if p == "" {
+		t.Fatalf("session %s has no cgroup file %s (cgroups: %v)", id, file, cgroupDirs(id))
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		t.Fatalf("%s: %q is not a number", p, b)
+	}
+	return n
+}
+
+// readCgroupKeyed reads key's value from a "key value" cgroup file of
+// session id (cpu.stat, pids.events, memory.oom_control, ...).
+func readCgroupKeyed(t testing.TB, id, file, key string) int64 {
+	t.Helper()
+	p := cgroupFile(id, file)
+	if p == "" {
+		t.Fatalf("session %s has no cgroup file %s (cgroups: %v)", id, file, cgroupDirs(id))
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), " "); ok && k == key {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("%s: %s = %q is not a number", p, key, v)
+			}
+			return n
+		}
+	}
+	t.Fatalf("%s has no %s: %q", p, key, b)
+	return 0
+}
+
+// sessionPIDs are the host pids of session id's processes, from its cgroup.
+func sessionPIDs(t testing.TB, id string) []int {
+	t.Helper()
+	p := cgroupFile(id, "cgroup.procs")
+	if p == "" {
+		t.Fatalf("session %s has no cgroup (cgroups: %v)", id, cgroupDirs(id))
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for f := range strings.FieldsSeq(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	slices.Sort(pids)
+	return pids
+}
+
+// hostPIDs lists the machine's processes (as this process's pid namespace
+// sees them).
+func hostPIDs(t testing.TB) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// openFDs counts this process's open descriptors.
+func openFDs(t testing.TB) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(entries)
+}
+
+// ---- network: the shared manager's links, an outside test host ----
+
+// netPrefix is the name prefix of the shared network manager's links, read
+// from its bridges (<prefix>-int, <prefix>-egr); "" while it has none.
+func netPrefix(t testing.TB) string {
+	t.Helper()
+	left, err := containersuite.Network(t).Leftovers()
+	if err != nil {
+		t.Fatalf("the network manager's leftovers: %v", err)
+	}
+	for _, l := range left {
+		name, ok := strings.CutPrefix(l, "link ")
+		if !ok {
+			continue
+		}
+		if p, ok := strings.CutSuffix(name, "-int"); ok {
+			return p
+		}
+		if p, ok := strings.CutSuffix(name, "-egr"); ok {
+			return p
+		}
+	}
+	return ""
+}
+
+// bridgeAddr is the IPv4 address of the shared manager's bridge of tier
+// (internal or egress): the tier's gateway on the host.
+func bridgeAddr(t testing.TB, tier sandbox.Network) netip.Addr {
+	t.Helper()
+	prefix := netPrefix(t)
+	if prefix == "" {
+		t.Fatal("the shared network manager has no bridge yet: create a session of the tier first")
+	}
+	name := prefix + "-int"
+	if tier == sandbox.NetworkEgress {
+		name = prefix + "-egr"
+	}
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatalf("the bridge %s: %v", name, err)
+	}
+	addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+	if err != nil || len(addrs) == 0 {
+		t.Fatalf("the bridge %s has no IPv4 address (%v)", name, err)
+	}
+	a, _ := netip.AddrFromSlice(addrs[0].IP)
+	return a.Unmap()
+}
+
+// tcpServer is a TCP listener that records where each connection it
+// accepted came from, and closes it.
+type tcpServer struct {
+	ln   net.Listener
+	addr netip.AddrPort
+	wg   sync.WaitGroup
+
+	mu   sync.Mutex
+	from []netip.Addr
+}
+
+// startTCPServer serves ln until the end of t.
+func startTCPServer(t testing.TB, ln net.Listener) *tcpServer {
+	s := &tcpServer{ln: ln, addr: netip.MustParseAddrPort(ln.Addr().String())}
+	s.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.mu.Lock()
+			s.from = append(s.from, netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap())
+			s.mu.Unlock()
+			c.Close()
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		s.wg.Wait()
+	})
+	return s
+}
+
+// dialTCP connects to addr from this process's network namespace.
+func dialTCP(addr netip.AddrPort) (net.Conn, error) {
+	return net.DialTimeout("tcp4", addr.String(), 5*time.Second)
+}
+
+// listenHost starts a tcpServer on addr (any port) in this process's
+// network namespace.
+func listenHost(t testing.TB, addr netip.Addr) *tcpServer {
+	t.Helper()
+	ln, err := net.Listen("tcp4", netip.AddrPortFrom(addr, 0).String())
+	if err != nil {
+		t.Fatalf("listening on %s: %v", addr, err)
+	}
+	return startTCPServer(t, ln)
+}
+
+// accepted returns the sources of the connections accepted so far.
+func (s *tcpServer) accepted() []netip.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.from)
+}
+
+// waitAccepted waits up to d for at least n connections and returns them.
+func (s *tcpServer) waitAccepted(n int, d time.Duration) []netip.Addr {
+	deadline := time.Now().Add(d)
+	for {
+		got := s.accepted()
+		if len(got) >= n || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// onLockedThread runs fn on a goroutine locked to its OS thread. When fn
+// reports the thread tainted (its namespace could not be restored), the
+// goroutine exits still locked, so the runtime ends the thread.
+func onLockedThread(fn func() (tainted bool, err error)) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		tainted, err := fn()
+		errc <- err
+		if !tainted {
+			runtime.UnlockOSThread()
+		}
+	}()
+	return <-errc
+}
+
+// inNetNS runs fn on a thread inside the network namespace ns; sockets fn
+// makes belong to that namespace for life.
+func inNetNS(ns *os.File, fn func() error) error {
+	return onLockedThread(func() (bool, error) {
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			return false, err
+		}
+		defer orig.Close()
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			return false, fmt.Errorf("setns: %w", err)
+		}
+		ferr := fn()
+		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+			return true, fmt.Errorf("returning the thread to its namespace: %w", err)
+		}
+		return false, ferr
+	})
+}
+
+// newNetNS makes an anonymous network namespace, held by the returned
+// file, closed at the end of t.
+func newNetNS(t testing.TB) *os.File {
+	t.Helper()
+	var ns *os.File
+	err := onLockedThread(func() (bool, error) {
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			return false, err
+		}
+		defer orig.Close()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			return false, fmt.Errorf("unshare: %w", err)
+		}
+		ns, err = os.Open("/proc/thread-self/ns/net")
+		if serr := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); serr != nil {
+			return true, fmt.Errorf("returning the thread to its namespace: %w", serr)
+		}
+		return false, err
+	})
+	if err != nil {
+		if ns != nil {
+			ns.Close()
+		}
+		t.Fatalf("making a network namespace: %v", err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	return ns
+}
+
+// outsideMu serialises picking the outside hosts' ranges within this
+// process.
+var (
+	outsideMu      sync.Mutex
+	outsideClaimed []netip.Prefix
+)
+
+// freeOutsidePrefix picks a /24 of 198.18.0.0/15 (the benchmarking range)
+// that no route of the host covers or overlaps.
+func freeOutsidePrefix(t testing.TB) netip.Prefix {
+	t.Helper()
+	outsideMu.Lock()
+	defer outsideMu.Unlock()
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		t.Fatalf("listing the host's routes: %v", err)
+	}
+	taken := slices.Clone(outsideClaimed)
+	for _, r := range routes {
+		if r.Dst == nil {
+			continue
+		}
+		ones, _ := r.Dst.Mask.Size()
+		if ip, ok := netip.AddrFromSlice(r.Dst.IP); ok && ones > 0 {
+			taken = append(taken, netip.PrefixFrom(ip.Unmap(), ones))
+		}
+	}
+	for range 1000 {
+		n := mrand.IntN(512)
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 18 + byte(n/256), byte(n % 256), 0}), 24)
+		if !slices.ContainsFunc(taken, p.Overlaps) {
+			outsideClaimed = append(outsideClaimed, p)
+			return p
+		}
+	}
+	t.Fatal("no free /24 in 198.18.0.0/15 for the outside test host")
+	return netip.Prefix{}
+}
+
+// outsideHost is a test host standing for the internet: a network
+// namespace of the test's own, joined to the host by a veth pair with
+// addresses from 198.18.0.0/15, with a TCP server inside. Packets reach it
+// through the host's routing table (the veth's prefix route), as they
+// would reach the internet.
+type outsideHost struct {
+	hostLink string     // the host's end of the veth
+	hostAddr netip.Addr // the host's address on it
+	addr     netip.Addr // the outside host's own address
+	ns       *os.File
+	srv      *tcpServer
+}
+
+// newOutsideHost makes an outside test host, removed at the end of t, and
+// checks that the host reaches it.
+func newOutsideHost(t testing.TB) *outsideHost {
+	t.Helper()
+	p := freeOutsidePrefix(t)
+	o := &outsideHost{hostLink: "tzo" + randomToken(4), hostAddr: p.Addr().Next()}
+	o.addr = o.hostAddr.Next()
+	o.ns = newNetNS(t)
+	la := netlink.NewLinkAttrs()
+	la.Name = o.hostLink
+	veth := &netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(o.ns.Fd())}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatalf("the outside host's veth %s: %v", o.hostLink, err)
+	}
+	t.Cleanup(func() {
+		if err := netlink.LinkDel(veth); err != nil {
+			t.Errorf("deleting the outside host's veth %s: %v", o.hostLink, err)
+		}
+	})
+	if err := netlink.LinkSetIP6AddrGenMode(veth, nl.IN6_ADDR_GEN_MODE_NONE); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.AddrAdd(veth, &netlink.Addr{IPNet: &net.IPNet{IP: o.hostAddr.AsSlice(), Mask: net.CIDRMask(24, 32)}}); err != nil {
+		t.Fatalf("address of the outside host's veth: %v", err)
+	}
+	if err := netlink.LinkSetUp(veth); err != nil {
+		t.Fatal(err)
+	}
+	h := netlinkIn(t, o.ns)
+	defer h.Close()
+	eth0, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.AddrAdd(eth0, &netlink.Addr{IPNet: &net.IPNet{IP: o.addr.AsSlice(), Mask: net.CIDRMask(24, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetUp(eth0); err != nil {
+		t.Fatal(err)
+	}
+	var ln net.Listener
+	err = inNetNS(o.ns, func() error {
+		var err error
+		ln, err = net.Listen("tcp4", netip.AddrPortFrom(o.addr, 0).String())
+		return err
+	})
+	if err != nil {
+		t.Fatalf("the outside host's server: %v", err)
+	}
+	o.srv = startTCPServer(t, ln)
+	// Control: the host reaches its outside test host.
+	c, err := net.DialTimeout("tcp4", o.srv.addr.String(), 5*time.Second)
+	if err != nil {
+		t.Fatalf("the host cannot reach its own outside test host %s: %v", o.srv.addr, err)
+	}
+	c.Close()
+	if got := o.srv.waitAccepted(1, 5*time.Second); len(got) != 1 || got[0] != o.hostAddr {
+		t.Fatalf("the outside host saw %v, want one connection from the host's %s", got, o.hostAddr)
+	}
+	o.srv.mu.Lock()
+	o.srv.from = nil
+	o.srv.mu.Unlock()
+	return o
+}
+
+// sessionNetNS opens the network namespace of session id, through its
+// PID 1 (the agent) as the host sees it.
+func sessionNetNS(t testing.TB, id string) *os.File {
+	t.Helper()
+	pids := sessionPIDs(t, id)
+	if len(pids) == 0 {
+		t.Fatalf("session %s has no process", id)
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pids[0]))
+	if err != nil {
+		t.Fatalf("the network namespace of session %s: %v", id, err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// netlinkIn opens a rtnetlink handle whose socket lives in the namespace
+// ns; the caller closes it.
+func netlinkIn(t testing.TB, ns *os.File) *netlink.Handle {
+	t.Helper()
+	var h *netlink.Handle
+	err := inNetNS(ns, func() error {
+		var err error
+		h, err = netlink.NewHandle(unix.NETLINK_ROUTE)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("rtnetlink in a network namespace: %v", err)
+	}
+	return h
+}
+
+// addDefaultRoute adds a default route via gw in the namespace ns.
+func addDefaultRoute(t testing.TB, ns *os.File, gw netip.Addr) {
+	t.Helper()
+	h := netlinkIn(t, ns)
+	defer h.Close()
+	eth0, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatalf("the session's eth0: %v", err)
+	}
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw.AsSlice()}); err != nil && !errors.Is(err, unix.EEXIST) {
+		t.Fatalf("adding a default route via %s in the session: %v", gw, err)
+	}
+}
+
+// mountsUnder lists the mount points at or under dir in a mountinfo file
+// (all of them for dir "").
+func mountsUnder(mountinfo, dir string) ([]string, error) {
+	f, err := os.Open(mountinfo)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := fields[4] // octal escapes stay: the test's paths have none
+		if dir == "" || mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("reading %s: %w", mountinfo, err)
+	}
+	return out, nil
+}
+
+// hostPIDsQuiet is hostPIDs for a goroutine other than the test's: nil
+// when /proc cannot be read.
+func hostPIDsQuiet() []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// readInt reads a file holding one number.
+func readInt(path string) (int64, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	return parseInt(strings.TrimSpace(string(b)))
+}
+
+func parseInt(s string) (int64, bool) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// describePIDs names processes for a failure message: pid, state, parent,
+// command line.
+func describePIDs(pids []int) []string {
+	var out []string
+	for _, pid := range pids {
+		d := itoa(pid)
+		if b, err := os.ReadFile(filepath.Join("/proc", d, "stat")); err == nil {
+			// pid (comm) state ppid ...
+			if i := strings.LastIndexByte(string(b), ')'); i > 0 {
+				f := strings.Fields(string(b[i+1:]))
+				if len(f) >= 2 {
+					d += " state=" + f[0] + " ppid=" + f[1]
+				}
+			}
+		}
+		if b, err := os.ReadFile(filepath.Join("/proc", itoa(pid), "cmdline")); err == nil {
+			d += " cmd=" + strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
+		}
+		out = append(out, d)
+	}
+	return out
+}
