@@ -395,7 +395,10 @@ func (s *suite) testDestroyEndsExecs(t *testing.T) {
 // Destroying a session ends the processes its commands left running
 // (checked from the host: a heartbeat stops).
 func (s *suite) testDestroyEndsLeftovers(t *testing.T) {
-	s.needHostFS(t)
+	if !s.hostFS() {
+		s.destroyEndsLeftoversDurable(t)
+		return
+	}
 	ctx := testContext(t)
 	sb, sess := s.fresh(t, nil)
 	dir := t.TempDir()
@@ -413,6 +416,38 @@ func (s *suite) testDestroyEndsLeftovers(t *testing.T) {
 	sleepCtx(ctx, 500*time.Millisecond)
 	if m := beats(); m != n {
 		t.Errorf("a process the session's command left running still runs after DestroySession (%d heartbeats, then %d); destroying a session ends its processes", n, m)
+	}
+}
+
+// destroyEndsLeftoversDurable is DestroyEndsLeftovers for a provider whose
+// sessions have filesystems of their own: the heartbeat goes to a
+// persistent workspace, and the next session with its key watches it.
+func (s *suite) destroyEndsLeftoversDurable(t *testing.T) {
+	s.needDurable(t)
+	ctx := testContext(t)
+	sb := s.newSandbox(t, Config{Policy: permissive})
+	key := persistent()
+	sess := s.newSession(t, sb, key)
+	const loop = `i=0; while [ $i -lt 400 ]; do : > "beat.$i"; i=$((i+1)); sleep 0.05; done`
+	mustSh(t, ctx, sess, `sh -c "$1" beat >/dev/null 2>&1 </dev/null & echo $!`, loop)
+	beats := func(sess sandbox.Session) int {
+		n, err := strconv.Atoi(strings.TrimSpace(mustSh(t, ctx, sess, `set -- beat.*; [ -e "$1" ] && echo $# || echo 0`)))
+		if err != nil {
+			t.Fatalf("counting heartbeats: %v", err)
+		}
+		return n
+	}
+	if !eventually(ctx, 3*time.Second, func() bool { return beats(sess) > 0 }) {
+		t.Fatal("the session's background heartbeat never wrote to its workspace")
+	}
+	if err := sb.DestroySession(ctx, sess.ID()); err != nil {
+		t.Fatalf("DestroySession: %v", err)
+	}
+	next := s.newSession(t, sb, key)
+	n := beats(next)
+	sleepCtx(ctx, 500*time.Millisecond)
+	if m := beats(next); m != n {
+		t.Errorf("a process the session's command left running still runs after DestroySession (%d heartbeats in its persistent workspace, then %d); destroying a session ends its processes", n, m)
 	}
 }
 
