@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tai42/sandbox/internal/oscmd"
 )
 
 // waitResult is a reaped command's status.
@@ -177,7 +179,7 @@ func (s *server) startExec(c *frameConn, req *request, stdinPipe bool) (*execPro
 	case !fi.IsDir():
 		return nil, nil, sandboxError("", fmt.Sprintf("cwd %q is not a directory", req.DirOrig), nil)
 	}
-	path, code, msg := lookPath(req.Argv[0], pathEnv(req.Env), req.Dir)
+	path, code, msg := oscmd.LookPath(req.Argv[0], pathEnv(req.Env), req.Dir)
 	if code != 0 {
 		return nil, &startReply{Failed: true, ExitCode: code, Message: []byte(msg)}, nil
 	}
@@ -265,7 +267,7 @@ func (s *server) startExec(c *frameConn, req *request, stdinPipe bool) (*execPro
 	closeChild()
 	if err != nil {
 		closeParent()
-		if code, msg := startFailure(req.Argv[0], err); code != 0 {
+		if code, msg := oscmd.StartFailure(req.Argv[0], err); code != 0 {
 			return nil, &startReply{Failed: true, ExitCode: code, Message: []byte(msg)}, nil
 		}
 		return nil, nil, sandboxError("", "cannot start the command", err)
@@ -305,54 +307,6 @@ func pathEnv(env []string) string {
 		}
 	}
 	return ""
-}
-
-// lookPath finds file as a shell would, in the exec's PATH and relative to
-// its cwd. code is 127 (not found) or 126 (found, not executable) with a
-// message for stderr, or 0 with the path.
-func lookPath(file, pathEnv, dir string) (path string, code int, msg string) {
-	if strings.Contains(file, "/") {
-		return file, 0, ""
-	}
-	denied := ""
-	for _, d := range filepath.SplitList(pathEnv) {
-		if d == "" {
-			d = "."
-		}
-		if !filepath.IsAbs(d) {
-			d = filepath.Join(dir, d)
-		}
-		cand := filepath.Join(d, file)
-		fi, err := os.Stat(cand)
-		if err != nil || fi.IsDir() {
-			continue
-		}
-		if fi.Mode()&0o111 != 0 {
-			return cand, 0, ""
-		}
-		if denied == "" {
-			denied = cand
-		}
-	}
-	if denied != "" {
-		return "", 126, fmt.Sprintf("tai42: %s: permission denied (not executable)\n", denied)
-	}
-	return "", 127, fmt.Sprintf("tai42: %s: command not found\n", file)
-}
-
-// startFailure maps a failed execve to the shell's exit codes.
-func startFailure(name string, err error) (int, string) {
-	var errno syscall.Errno
-	if !errors.As(err, &errno) {
-		return 0, ""
-	}
-	switch errno {
-	case syscall.ENOENT, syscall.ENOTDIR:
-		return 127, fmt.Sprintf("tai42: %s: no such file or directory\n", name)
-	case syscall.EACCES, syscall.EPERM, syscall.ENOEXEC, syscall.EISDIR:
-		return 126, fmt.Sprintf("tai42: %s: cannot execute: %s\n", name, errno.Error())
-	}
-	return 0, ""
 }
 
 func missing(err error) bool {

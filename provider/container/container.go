@@ -56,6 +56,7 @@ import (
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/agent"
 	"github.com/tai42/sandbox/internal/imagestore"
+	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/internal/sessnet"
 	"github.com/tai42/sandbox/kit"
 )
@@ -311,7 +312,7 @@ func (p *provider) sweep() {
 		})
 		_ = removeRootMount(filepath.Join(rootsDir, e.Name()))
 		_ = p.cgroups.remove(cgroupsPath(e.Name()))
-		if err := removeAll(dir); err != nil {
+		if err := oscmd.RemoveAll(dir); err != nil {
 			p.log.Warn("container: cannot remove a left session directory", "dir", dir, "err", err)
 		} else {
 			p.log.Info("container: removed a session left by an earlier run", "id", e.Name())

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/agent"
+	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/internal/sessnet"
 	"github.com/tai42/sandbox/kit"
 )
@@ -200,7 +201,7 @@ func (r *resources) cleanup(ctx context.Context) error {
 	// Never remove through a root still mounted: that would write into
 	// its upper layer, and could not finish.
 	if r.made && unmounted {
-		if err := removeAll(r.dir); err != nil {
+		if err := oscmd.RemoveAll(r.dir); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -217,21 +218,6 @@ func removeRootMount(dir string) error {
 		}
 	}
 	return nil
-}
-
-// removeAll removes dir even when the session left directories without
-// write or search permission.
-func removeAll(dir string) error {
-	if err := os.RemoveAll(dir); err == nil {
-		return nil
-	}
-	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err == nil && d.IsDir() {
-			_ = os.Chmod(path, 0o700)
-		}
-		return nil
-	})
-	return os.RemoveAll(dir)
 }
 
 // beginStart admits an exec start unless the session is closed; the caller

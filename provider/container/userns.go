@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/kit"
 )
 
@@ -292,7 +293,7 @@ func (p *provider) removeProbe() {
 		_ = unmount(filepath.Join(dir, "rootfs"))
 		return unmount(filepath.Join(dir, "lower"))
 	})
-	_ = removeAll(dir)
+	_ = oscmd.RemoveAll(dir)
 }
 
 // shiftOwners makes root in the sessions own the persistent workspace ws

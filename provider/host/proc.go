@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/execout"
+	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/kit"
 	"golang.org/x/sys/unix"
 )
@@ -86,7 +86,7 @@ func (r *resources) start(op string, req kit.ExecRequest, stdinPipe bool, sk exe
 	}
 	dir := filepath.Join(r.ws, req.Cwd.Rel)
 	env, pathEnv := r.environ(req.Env)
-	path, code, msg := lookPath(req.Argv[0], pathEnv, dir)
+	path, code, msg := oscmd.LookPath(req.Argv[0], pathEnv, dir)
 	if code != 0 {
 		return started{exitCode: code, message: msg}, nil
 	}
@@ -144,7 +144,7 @@ func (r *resources) start(op string, req kit.ExecRequest, stdinPipe bool, sk exe
 	}
 	if err != nil {
 		closeAll()
-		if code, msg := startFailure(req.Argv[0], err); code != 0 {
+		if code, msg := oscmd.StartFailure(req.Argv[0], err); code != 0 {
 			return started{exitCode: code, message: msg}, nil
 		}
 		return started{}, sandbox.WrapError(op, "cannot start the command", err)
@@ -190,54 +190,6 @@ func (r *resources) environ(env map[string]sandbox.Secret) ([]string, string) {
 		out = append(out, k+"="+v)
 	}
 	return out, base["PATH"]
-}
-
-// lookPath finds file as a shell would, in the exec's PATH and relative to
-// its cwd. code is 127 (not found) or 126 (found, not executable) with a
-// message for stderr, or 0 with the path.
-func lookPath(file, pathEnv, dir string) (path string, code int, msg string) {
-	if strings.Contains(file, "/") {
-		return file, 0, ""
-	}
-	denied := ""
-	for _, d := range filepath.SplitList(pathEnv) {
-		if d == "" {
-			d = "."
-		}
-		if !filepath.IsAbs(d) {
-			d = filepath.Join(dir, d)
-		}
-		cand := filepath.Join(d, file)
-		fi, err := os.Stat(cand)
-		if err != nil || fi.IsDir() {
-			continue
-		}
-		if fi.Mode()&0o111 != 0 {
-			return cand, 0, ""
-		}
-		if denied == "" {
-			denied = cand
-		}
-	}
-	if denied != "" {
-		return "", 126, fmt.Sprintf("tai42: %s: permission denied (not executable)\n", denied)
-	}
-	return "", 127, fmt.Sprintf("tai42: %s: command not found\n", file)
-}
-
-// startFailure maps a failed execve to the shell's exit codes.
-func startFailure(name string, err error) (int, string) {
-	var errno syscall.Errno
-	if !errors.As(err, &errno) {
-		return 0, ""
-	}
-	switch errno {
-	case syscall.ENOENT, syscall.ENOTDIR:
-		return 127, fmt.Sprintf("tai42: %s: no such file or directory\n", name)
-	case syscall.EACCES, syscall.EPERM, syscall.ENOEXEC, syscall.EISDIR:
-		return 126, fmt.Sprintf("tai42: %s: cannot execute: %s\n", name, errno.Error())
-	}
-	return 0, ""
 }
 
 // cgroupTrampoline returns argv for /bin/sh that moves itself into each of

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/kit"
 )
 
@@ -99,27 +100,12 @@ func (r *resources) cleanup() error {
 		r.root.Close()
 	}
 	if r.tmp != "" {
-		errs = append(errs, removeAll(r.tmp))
+		errs = append(errs, oscmd.RemoveAll(r.tmp))
 	}
 	if r.removeWS && r.ws != "" {
-		errs = append(errs, removeAll(r.ws))
+		errs = append(errs, oscmd.RemoveAll(r.ws))
 	}
 	return errors.Join(errs...)
-}
-
-// removeAll removes dir even when the session left directories without
-// write or search permission.
-func removeAll(dir string) error {
-	if err := os.RemoveAll(dir); err == nil {
-		return nil
-	}
-	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err == nil && d.IsDir() {
-			_ = os.Chmod(path, 0o700)
-		}
-		return nil
-	})
-	return os.RemoveAll(dir)
 }
 
 // beginStart admits an exec start unless the session is closed; the caller
