@@ -125,8 +125,10 @@ func TestStalledDownloadIsCut(t *testing.T) {
 				func(s *Server) { s.idle = idle })
 			id := e.create(hostSpec()).ID
 			rc := e.rawDial(t)
-			rc.send("GET /v1/sessions/"+id+"/files?path=x HTTP/1.1", "Authorization: Bearer "+testToken)
+			// Taken before the send: the server may start the request,
+			// and its idle clock, before the send returns here.
 			begin := time.Now()
+			rc.send("GET /v1/sessions/"+id+"/files?path=x HTTP/1.1", "Authorization: Bearer "+testToken)
 			line := e.waitRequestLine("getFile", 10*time.Second)
 			if d := time.Since(begin); d < idle {
 				t.Errorf("cut after %v, before the idle timeout", d)
