@@ -7,6 +7,8 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
+	"sync"
 	"syscall"
 )
 
@@ -26,7 +28,32 @@ func ServeFD(ctx context.Context, fd int, logger *slog.Logger) error {
 		return fmt.Errorf("agent: fd %d is not a listening socket: %w", fd, err)
 	}
 	defaultSignalsForCommands()
+	reserveThreads(reservedThreads)
 	return Serve(ctx, ln, Options{ReapAll: os.Getpid() == 1, Logger: logger})
+}
+
+// reservedThreads is how many OS threads the agent makes at its start.
+const reservedThreads = 4
+
+// reserveThreads makes n OS threads now, while the sandbox can still make
+// them, and leaves them idle for the Go runtime to reuse: a command that
+// exhausts the sandbox's pids limit (a fork bomb) must not leave the agent
+// unable to get the thread a blocking system call hands its work to (the
+// runtime dies when it cannot make one).
+func reserveThreads(n int) {
+	var held sync.WaitGroup
+	release := make(chan struct{})
+	for range n {
+		held.Add(1)
+		go func() {
+			runtime.LockOSThread() // a thread of its own while all n are held
+			held.Done()
+			<-release
+			runtime.UnlockOSThread() // the thread goes back to the runtime's idle list
+		}()
+	}
+	held.Wait()
+	close(release)
 }
 
 // childSignals are the signals a command must get with their default

@@ -56,7 +56,11 @@ func buildSpec(in specInput) *specs.Spec {
 		Hostname: in.hostname,
 		Process: &specs.Process{
 			Args: []string{agentPath, "agent", "--listen-fd", "3"},
-			Env:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			// One P: the agent idles in every session and its work is
+			// I/O; a P's caches are a quarter megabyte of each session's
+			// memory. (Commands get the environment their request gives,
+			// not this one.)
+			Env:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "GOMAXPROCS=1"},
 			Cwd:  "/",
 			User: specs.User{UID: 0, GID: 0},
 		},
