@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -172,10 +171,10 @@ func (s *server) startExec(c *frameConn, req *request, stdinPipe bool) (*execPro
 	}
 	fi, err := statDir(req)
 	switch {
-	case err != nil && missing(err):
+	case err != nil && oscmd.Missing(err):
 		return nil, nil, sandboxError("", fmt.Sprintf("cwd %q does not exist in the workspace", req.DirOrig), nil)
 	case err != nil:
-		return nil, nil, sandboxError("", fmt.Sprintf("cwd %q", req.DirOrig), rootErr(err))
+		return nil, nil, sandboxError("", fmt.Sprintf("cwd %q", req.DirOrig), oscmd.RootErr(err))
 	case !fi.IsDir():
 		return nil, nil, sandboxError("", fmt.Sprintf("cwd %q is not a directory", req.DirOrig), nil)
 	}
@@ -307,10 +306,6 @@ func pathEnv(env []string) string {
 		}
 	}
 	return ""
-}
-
-func missing(err error) bool {
-	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
 }
 
 // wait reaps the command: from the reaper in ReapAll mode, else by pid.

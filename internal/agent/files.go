@@ -3,13 +3,14 @@ package agent
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/tai42/sandbox/internal/oscmd"
 )
 
 // fileSystem is what put and get use of a root: an *os.Root, or osRoot
@@ -67,7 +68,7 @@ func openRoot(op string, req *request) (fileSystem, *errorFrame) {
 func (s *server) handlePut(c *frameConn, req *request) {
 	const op = "put_file"
 	fail := func(what string, err error) {
-		_ = c.writeJSON(frameError, sandboxError(op, fmt.Sprintf("%q: %s", req.Orig, what), rootErr(err)))
+		_ = c.writeJSON(frameError, sandboxError(op, fmt.Sprintf("%q: %s", req.Orig, what), oscmd.RootErr(err)))
 	}
 	root, ef := openRoot(op, req)
 	if ef != nil {
@@ -203,13 +204,13 @@ func openForGet(req *request) (*os.File, fs.FileInfo, *errorFrame) {
 	defer root.Close()
 	f, err := root.OpenFile(req.Rel, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
-		if missing(err) {
-			if _, lerr := root.Lstat(req.Rel); missing(lerr) {
+		if oscmd.Missing(err) {
+			if _, lerr := root.Lstat(req.Rel); oscmd.Missing(lerr) {
 				return nil, nil, &errorFrame{Kind: kindNotFound, Op: op, Message: "no such file", Path: req.Orig}
 			}
 			return nil, nil, sandboxError(op, fmt.Sprintf("%q is a symlink whose target does not exist in the workspace", req.Orig), nil)
 		}
-		return nil, nil, sandboxError(op, fmt.Sprintf("cannot open %q", req.Orig), rootErr(err))
+		return nil, nil, sandboxError(op, fmt.Sprintf("cannot open %q", req.Orig), oscmd.RootErr(err))
 	}
 	fi, err := f.Stat()
 	if err != nil {
@@ -222,7 +223,7 @@ func openForGet(req *request) (*os.File, fs.FileInfo, *errorFrame) {
 		return nil, nil, sandboxError(op, fmt.Sprintf("%q is a directory, not a file", req.Orig), nil)
 	case !fi.Mode().IsRegular():
 		f.Close()
-		return nil, nil, sandboxError(op, fmt.Sprintf("%q is not a regular file (%s)", req.Orig, fileKind(fi.Mode())), nil)
+		return nil, nil, sandboxError(op, fmt.Sprintf("%q is not a regular file (%s)", req.Orig, oscmd.FileKind(fi.Mode())), nil)
 	}
 	return f, fi, nil
 }
@@ -231,31 +232,4 @@ func randomSuffix() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux
 	return hex.EncodeToString(b[:])
-}
-
-// rootErr rewrites os.Root's escape error so that it says what happened.
-// os.Root's escape error is unexported; it may sit under several
-// *fs.PathError layers (MkdirAll: "mkdirat a: statat a: path escapes from
-// parent").
-func rootErr(err error) error {
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		if e.Error() == "path escapes from parent" {
-			return errors.New("it leads out of the workspace (through a symlink or ..)")
-		}
-	}
-	return err
-}
-
-func fileKind(m fs.FileMode) string {
-	switch {
-	case m&fs.ModeNamedPipe != 0:
-		return "a FIFO"
-	case m&fs.ModeSocket != 0:
-		return "a socket"
-	case m&fs.ModeDevice != 0:
-		return "a device"
-	case m&fs.ModeSymlink != 0:
-		return "a symlink"
-	}
-	return m.Type().String()
 }

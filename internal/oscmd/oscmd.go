@@ -1,7 +1,8 @@
 // Package oscmd holds what the host runner and the in-sandbox agent share
-// about starting commands and cleaning up after them: finding a command as
-// a shell would, mapping a failed execve to the shell's exit codes, and
-// removing a directory a command may have left unwritable.
+// about starting commands, reaching files and cleaning up after them:
+// finding a command as a shell would, mapping a failed execve to the
+// shell's exit codes, naming os.Root's refusals and file kinds in errors,
+// and removing a directory a command may have left unwritable.
 package oscmd
 
 import (
@@ -77,4 +78,38 @@ func RemoveAll(dir string) error {
 		return nil
 	})
 	return os.RemoveAll(dir)
+}
+
+// RootErr rewrites os.Root's escape error so that it says what happened.
+// os.Root's escape error is unexported; it may sit under several
+// *fs.PathError layers (MkdirAll: "mkdirat a: statat a: path escapes from
+// parent").
+func RootErr(err error) error {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if e.Error() == "path escapes from parent" {
+			return errors.New("it leads out of the workspace (through a symlink or ..)")
+		}
+	}
+	return err
+}
+
+// FileKind names a file type that is not a regular file, for errors.
+func FileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	case m&fs.ModeSymlink != 0:
+		return "a symlink"
+	}
+	return m.Type().String()
+}
+
+// Missing reports an error that says the path (or one of its parents) does
+// not exist.
+func Missing(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
 }

@@ -77,7 +77,11 @@ func (r *resources) start(ctx context.Context, op string, req kit.ExecRequest, i
 	}
 	defer r.starting.Done()
 	p := &rproc{r: r, sink: sk, timeout: req.Timeout, interactive: interactive, done: make(chan struct{})}
-	p.oomAt = r.p.cgroups.oomKills(cgroupsPath(r.id))
+	if r.spec.MemoryMB > 0 {
+		// Only a session with a memory limit can have an exec killed by
+		// it: the others skip the cgroup read on every exec.
+		p.oomAt = r.p.cgroups.oomKills(cgroupsPath(r.id))
+	}
 	out := func(i int, b []byte) bool {
 		p.lens[i].Add(int64(len(b)))
 		if !sk.Write(i, b) {
@@ -213,7 +217,7 @@ func (p *rproc) supervise() {
 		case !res.StatusKnown:
 			p.sink.Finish(nil, sandbox.Errorf("exec", "cannot read the exec's exit status"), nil)
 		default:
-			if exit.ExitCode == 128+9 && p.r.p.cgroups.oomKills(cgroupsPath(p.r.id)) > p.oomAt {
+			if exit.ExitCode == 128+9 && p.r.spec.MemoryMB > 0 && p.r.p.cgroups.oomKills(cgroupsPath(p.r.id)) > p.oomAt {
 				p.sink.Write(1, fmt.Appendf(nil, "\ntai42: killed by the session's memory limit (memory_mb=%d)\n", p.r.spec.MemoryMB))
 			}
 			p.sink.Finish(exit, nil, exit)

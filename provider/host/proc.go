@@ -77,10 +77,10 @@ func (r *resources) start(op string, req kit.ExecRequest, stdinPipe bool, sk exe
 	defer r.starting.Done()
 	fi, err := r.root.Stat(req.Cwd.Rel)
 	switch {
-	case err != nil && missing(err):
+	case err != nil && oscmd.Missing(err):
 		return started{}, sandbox.Errorf(op, "cwd %q does not exist in the workspace", req.Cwd.Orig)
 	case err != nil:
-		return started{}, sandbox.WrapError(op, fmt.Sprintf("cwd %q", req.Cwd.Orig), rootErr(err))
+		return started{}, sandbox.WrapError(op, fmt.Sprintf("cwd %q", req.Cwd.Orig), oscmd.RootErr(err))
 	case !fi.IsDir():
 		return started{}, sandbox.Errorf(op, "cwd %q is not a directory", req.Cwd.Orig)
 	}

@@ -157,7 +157,7 @@ func (r *resources) PutFile(ctx context.Context, p kit.Path, data []byte) error 
 // the file or of src) leaves the old content.
 func (r *resources) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) (err error) {
 	fail := func(what string, err error) error {
-		return sandbox.WrapError("put_file", fmt.Sprintf("%q: %s", p.Orig, what), rootErr(err))
+		return sandbox.WrapError("put_file", fmt.Sprintf("%q: %s", p.Orig, what), oscmd.RootErr(err))
 	}
 	if p.Rel == "." {
 		return sandbox.Errorf("put_file", "%q is the workspace itself; name a file", p.Orig)
@@ -251,13 +251,13 @@ func (r *resources) OpenFile(_ context.Context, p kit.Path) (io.ReadCloser, int6
 func (r *resources) open(p kit.Path) (*os.File, fs.FileInfo, error) {
 	f, err := r.root.OpenFile(p.Rel, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
-		if missing(err) {
-			if _, lerr := r.root.Lstat(p.Rel); missing(lerr) {
+		if oscmd.Missing(err) {
+			if _, lerr := r.root.Lstat(p.Rel); oscmd.Missing(lerr) {
 				return nil, nil, &sandbox.FileNotFoundError{Path: p.Orig}
 			}
 			return nil, nil, sandbox.Errorf("get_file", "%q is a symlink whose target does not exist in the workspace", p.Orig)
 		}
-		return nil, nil, sandbox.WrapError("get_file", fmt.Sprintf("cannot open %q", p.Orig), rootErr(err))
+		return nil, nil, sandbox.WrapError("get_file", fmt.Sprintf("cannot open %q", p.Orig), oscmd.RootErr(err))
 	}
 	fi, err := f.Stat()
 	if err != nil {
@@ -270,7 +270,7 @@ func (r *resources) open(p kit.Path) (*os.File, fs.FileInfo, error) {
 		return nil, nil, sandbox.Errorf("get_file", "%q is a directory, not a file", p.Orig)
 	case !fi.Mode().IsRegular():
 		f.Close()
-		return nil, nil, sandbox.Errorf("get_file", "%q is not a regular file (%s)", p.Orig, fileKind(fi.Mode()))
+		return nil, nil, sandbox.Errorf("get_file", "%q is not a regular file (%s)", p.Orig, oscmd.FileKind(fi.Mode()))
 	}
 	return f, fi, nil
 }
@@ -310,34 +310,3 @@ type readError struct{ err error }
 
 func (e readError) Error() string { return e.err.Error() }
 func (e readError) Unwrap() error { return e.err }
-
-func missing(err error) bool {
-	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
-}
-
-// rootErr rewrites os.Root's escape error so that it says what happened.
-// os.Root's escape error is unexported; it may sit under several
-// *fs.PathError layers (MkdirAll: "mkdirat a: statat a: path escapes from
-// parent").
-func rootErr(err error) error {
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		if e.Error() == "path escapes from parent" {
-			return errors.New("it leads out of the workspace (through a symlink or ..)")
-		}
-	}
-	return err
-}
-
-func fileKind(m fs.FileMode) string {
-	switch {
-	case m&fs.ModeNamedPipe != 0:
-		return "a FIFO"
-	case m&fs.ModeSocket != 0:
-		return "a socket"
-	case m&fs.ModeDevice != 0:
-		return "a device"
-	case m&fs.ModeSymlink != 0:
-		return "a symlink"
-	}
-	return m.Type().String()
-}
