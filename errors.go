@@ -17,6 +17,8 @@ var (
 	ErrSpecRejected    = errors.New("sandbox: spec rejected")
 	ErrUnavailable     = errors.New("sandbox: no provider")
 	ErrOutputLimit     = errors.New("sandbox: output limit exceeded")
+	// ErrWorkspaceNotFound matches *WorkspaceNotFoundError.
+	ErrWorkspaceNotFound = errors.New("sandbox: workspace not found")
 )
 
 // SandboxError is the base of every sandbox failure, and the error itself for
@@ -127,6 +129,20 @@ func (e *SessionNotFoundError) Error() string {
 }
 func (e *SessionNotFoundError) Is(t error) bool { return t == ErrSandbox || t == ErrSessionNotFound }
 func (e *SessionNotFoundError) As(t any) bool   { return asBase(t, "", e) }
+
+// WorkspaceNotFoundError reports that no persistent workspace has Key
+// (see [WorkspaceManager]).
+type WorkspaceNotFoundError struct {
+	Key string
+}
+
+func (e *WorkspaceNotFoundError) Error() string {
+	return fmt.Sprintf("sandbox: no persistent workspace %q", e.Key)
+}
+func (e *WorkspaceNotFoundError) Is(t error) bool {
+	return t == ErrSandbox || t == ErrWorkspaceNotFound
+}
+func (e *WorkspaceNotFoundError) As(t any) bool { return asBase(t, "remove_workspace", e) }
 
 // RejectReason says why a spec was rejected.
 type RejectReason string

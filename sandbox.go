@@ -146,3 +146,28 @@ type ExecHandle interface {
 	// *SandboxError when the status cannot be read; it is never invented).
 	Kill(ctx context.Context) error
 }
+
+// WorkspaceManager is an optional interface of a [Sandbox] that keeps
+// persistent workspaces: it lists them and removes one by its key. The kit's
+// sandboxes implement it, and the daemon's client.
+type WorkspaceManager interface {
+	// ListWorkspaces returns every persistent workspace, sorted by key.
+	ListWorkspaces(ctx context.Context) ([]WorkspaceInfo, error)
+	// RemoveWorkspace deletes the persistent workspace key and its files.
+	// A key a live session holds is refused with a *SpecRejectedError of
+	// Reason ReasonConflict naming the session; a key with no workspace is
+	// a *WorkspaceNotFoundError.
+	RemoveWorkspace(ctx context.Context, key string) error
+}
+
+// WorkspaceInfo describes one persistent workspace.
+type WorkspaceInfo struct {
+	// Key is the workspace_key sessions name it by.
+	Key string `json:"key"`
+	// SizeBytes is the total size of its regular files.
+	SizeBytes int64 `json:"size_bytes"`
+	// ModifiedAt is the last change to its top directory.
+	ModifiedAt time.Time `json:"modified_at"`
+	// InUseBy is the id of the live session holding it, or "".
+	InUseBy string `json:"in_use_by,omitempty"`
+}

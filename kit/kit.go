@@ -42,6 +42,11 @@ type Options struct {
 	ReapInterval time.Duration
 	// Logger receives lifecycle events (never env values). nil discards.
 	Logger *slog.Logger
+	// Ledger records the sessions: nil means a [MemoryLedger], which
+	// forgets them with the process. With a durable ledger, New brings
+	// back the sessions an earlier process left live (see [Recoverer]);
+	// the kit closes the ledger at Close.
+	Ledger Ledger
 }
 
 // Sandbox is a kit-built [sandbox.Sandbox]. Close it when done: it stops the
@@ -52,6 +57,7 @@ type Sandbox struct {
 	execTO time.Duration
 	reapIv time.Duration
 	log    *slog.Logger
+	ledger Ledger
 
 	mu       sync.Mutex
 	sessions map[string]*session
@@ -67,7 +73,9 @@ type Sandbox struct {
 
 var _ sandbox.Sandbox = (*Sandbox)(nil)
 
-// New wraps prov into a sandbox enforcing opts.Policy and starts its reaper.
+// New wraps prov into a sandbox enforcing opts.Policy, recovers what the
+// ledger holds (see [Recoverer]) and starts its reaper. When recovery
+// fails, New fails and closes the ledger; the provider stays the caller's.
 func New(prov Provider, opts Options) (*Sandbox, error) {
 	if prov == nil {
 		return nil, errors.New("kit: a provider is required")
@@ -84,6 +92,7 @@ func New(prov Provider, opts Options) (*Sandbox, error) {
 		execTO:   opts.ExecDefaultTimeout,
 		reapIv:   opts.ReapInterval,
 		log:      opts.Logger,
+		ledger:   opts.Ledger,
 		sessions: make(map[string]*session),
 		keys:     make(map[string]*session),
 	}
@@ -97,6 +106,13 @@ func New(prov Provider, opts Options) (*Sandbox, error) {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.log = s.log.With("provider", prov.Name())
+	if s.ledger == nil {
+		s.ledger = NewMemoryLedger()
+	}
+	if err := s.recover(context.Background()); err != nil {
+		s.ledger.Close()
+		return nil, err
+	}
 	if s.reapIv > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.stopReaper, s.reaperDone = cancel, make(chan struct{})
@@ -160,6 +176,7 @@ func (s *Sandbox) Close(ctx context.Context) error {
 		if c, ok := s.prov.(io.Closer); ok {
 			errs = append(errs, c.Close())
 		}
+		errs = append(errs, s.ledger.Close())
 	})
 	return errors.Join(errs...)
 }
@@ -194,24 +211,46 @@ func (s *Sandbox) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (
 	if err := s.claim(ctx, ss); err != nil {
 		return nil, err
 	}
+	// The ledger knows of the session before its resources exist, so that
+	// a crash from here on finds them and rolls them back.
+	if err := s.ledger.Put(ctx, Record{ID: id, Provider: s.prov.Name(), State: StateCreating, Spec: spec}); err != nil {
+		s.release(ss)
+		return nil, sandbox.WrapError("create_session", "the session ledger refused the new session", err)
+	}
+	forget := func() {
+		s.release(ss)
+		if err := s.ledger.Delete(context.WithoutCancel(ctx), id); err != nil {
+			s.log.Error("cannot remove a failed create from the ledger; the next start rolls it back", "id", id, "err", err)
+		}
+	}
 	res, err := s.prov.Create(ctx, CreateRequest{ID: id, Spec: spec})
 	if err != nil {
-		s.release(ss)
+		forget()
 		var se *sandbox.SandboxError
 		if !errors.As(err, &se) {
 			err = sandbox.WrapError("create_session", "provider "+s.prov.Name()+" could not create the session", err)
 		}
 		return nil, err
 	}
+	if h, ok := res.(Handler); ok {
+		ss.handle = h.Handle()
+	}
 	now := time.Now()
+	rec := Record{ID: id, Provider: s.prov.Name(), State: StateLive, Spec: spec, WorkspacePath: res.WorkspacePath(),
+		CreatedAt: now, ExpiresAt: now.Add(spec.TTL()), Handle: ss.handle}
+	// Live in the ledger before it is reported created.
+	if err := s.ledger.Put(ctx, rec); err != nil {
+		_ = res.Destroy(context.WithoutCancel(ctx))
+		forget()
+		return nil, sandbox.WrapError("create_session", "the session ledger could not record the new session; it was torn down", err)
+	}
 	s.mu.Lock()
 	ss.res = res
-	ss.created = now
-	ss.expires = now.Add(spec.TTL())
+	ss.created, ss.expires = rec.CreatedAt, rec.ExpiresAt
 	if s.closed {
 		s.mu.Unlock()
-		s.release(ss)
 		_ = res.Destroy(context.WithoutCancel(ctx))
+		forget()
 		return nil, sandbox.Errorf("create_session", "the sandbox is closed")
 	}
 	s.sessions[id] = ss
@@ -388,7 +427,20 @@ func (s *Sandbox) destroyOnce(ctx context.Context, ss *session) (first bool, err
 	ss.destroying = true
 	s.mu.Unlock()
 
-	err = ss.res.Destroy(context.WithoutCancel(ctx))
+	ctx = context.WithoutCancel(ctx)
+	var lerr error
+	if err := ss.putLedger(ctx, StateDestroying); err != nil {
+		// Tear down all the same: the next start finishes what is left.
+		s.log.Error("cannot mark a session destroying in the ledger", "id", ss.id, "err", err)
+	}
+	err = ss.res.Destroy(ctx)
+	if err == nil {
+		// Gone from the ledger before the destroy is reported done. A
+		// failed teardown stays "destroying": the next start finishes it.
+		if lerr = s.ledger.Delete(ctx, ss.id); lerr != nil {
+			lerr = sandbox.WrapError("destroy_session", "session "+ss.id+" was torn down but the ledger could not forget it; the next start will", lerr)
+		}
+	}
 	s.mu.Lock()
 	delete(s.sessions, ss.id)
 	if ss.spec.Durability == sandbox.Persistent && s.keys[ss.spec.WorkspaceKey] == ss {
@@ -396,6 +448,8 @@ func (s *Sandbox) destroyOnce(ctx context.Context, ss *session) (first bool, err
 	}
 	if err != nil {
 		err = sandbox.WrapError("destroy_session", "tearing down session "+ss.id+" failed", err)
+	} else {
+		err = lerr
 	}
 	ss.destroyErr = err
 	s.mu.Unlock()

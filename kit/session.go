@@ -3,11 +3,13 @@ package kit
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tai42/sandbox"
@@ -22,7 +24,9 @@ type session struct {
 	res  Resources
 
 	created, expires time.Time
+	handle           json.RawMessage // the provider's, for the ledger
 	destroying       bool
+	ledgerMu         sync.Mutex    // orders this session's ledger writes
 	gone             chan struct{} // closed when teardown finished
 	destroyErr       error
 }
@@ -80,17 +84,52 @@ func (ss *session) Info(context.Context) (sandbox.SessionInfo, error) { return s
 
 // Touch extends expires_at to max(expires_at, now+ttl): a keep-alive that
 // never shortens a life.
-func (ss *session) Touch(context.Context) error {
+//
+// The new expires_at is in the ledger when Touch returns: a restarted
+// daemon does not reap a session its client kept alive.
+func (ss *session) Touch(ctx context.Context) error {
 	ss.kit.mu.Lock()
-	defer ss.kit.mu.Unlock()
 	now := time.Now()
 	if ss.destroying || ss.expiredAt(now) {
+		ss.kit.mu.Unlock()
 		return &sandbox.SessionNotFoundError{SessionID: ss.id}
 	}
+	changed := false
 	if next := now.Add(ss.spec.TTL()); next.After(ss.expires) {
-		ss.expires = next
+		ss.expires, changed = next, true
+	}
+	ss.kit.mu.Unlock()
+	if !changed {
+		return nil
+	}
+	if err := ss.putLedger(ctx, StateLive); err != nil {
+		return sandbox.WrapError("touch", "the session ledger could not record the new expires_at", err)
 	}
 	return nil
+}
+
+// record is the session's ledger record in state st, as of now.
+func (ss *session) record(st State) Record {
+	ss.kit.mu.Lock()
+	defer ss.kit.mu.Unlock()
+	return Record{ID: ss.id, Provider: ss.kit.prov.Name(), State: st, Spec: ss.spec,
+		WorkspacePath: ss.res.WorkspacePath(), CreatedAt: ss.created, ExpiresAt: ss.expires, Handle: ss.handle}
+}
+
+// putLedger writes the session's record in state st. Writes of one
+// session are ordered, and each reads the state it writes under that
+// order, so a slower writer never puts back an older expires_at; once
+// the session is destroying, a touch's write is dropped.
+func (ss *session) putLedger(ctx context.Context, st State) error {
+	ss.ledgerMu.Lock()
+	defer ss.ledgerMu.Unlock()
+	ss.kit.mu.Lock()
+	stale := st == StateLive && ss.destroying
+	ss.kit.mu.Unlock()
+	if stale {
+		return nil
+	}
+	return ss.kit.ledger.Put(context.WithoutCancel(ctx), ss.record(st))
 }
 
 func (ss *session) Destroy(ctx context.Context) error { return ss.kit.destroy(ctx, ss) }

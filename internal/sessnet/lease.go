@@ -72,6 +72,23 @@ func (l *leases) step(a netip.Addr) netip.Addr {
 	return a.Next()
 }
 
+// claim leases a, an address found in use (a network adopted from an
+// earlier run). The next search starts after the highest address claimed.
+// It errs when a is not leasable in the subnet or is leased already.
+func (l *leases) claim(a netip.Addr) error {
+	if !l.subnet.Contains(a) || a.Less(l.first) || l.last.Less(a) {
+		return fmt.Errorf("%s is not an address %s leases (it is the network, gateway or broadcast address, or outside it)", a, l.subnet)
+	}
+	if _, busy := l.used[a]; busy {
+		return fmt.Errorf("%s is leased already (to another kept session)", a)
+	}
+	l.used[a] = struct{}{}
+	if !a.Less(l.next) {
+		l.next = l.step(a)
+	}
+	return nil
+}
+
 // release returns a to the pool; releasing a free address does nothing.
 func (l *leases) release(a netip.Addr) {
 	delete(l.used, a)

@@ -55,8 +55,17 @@ func (m *Manager) nftTable() *nftables.Table {
 
 // addTable installs the whole table in one atomic batch: either all of it
 // exists afterwards or none of it. The caller holds m.infraMu.
-func (m *Manager) addTable() error {
+func (m *Manager) addTable() error { return m.installTable(false) }
+
+// installTable installs the whole table in one atomic batch; with replace,
+// the table of that name that exists is deleted in the same batch, so that
+// the rules change from the old to the new set with no moment without
+// either. The caller holds m.infraMu or is New.
+func (m *Manager) installTable(replace bool) error {
 	c := m.nft
+	if replace {
+		c.DelTable(m.nftTable())
+	}
 	// Exclusive: appending the rules to a table of that name that someone
 	// else made would double or mix them.
 	table := c.CreateTable(m.nftTable())
@@ -95,7 +104,7 @@ func (m *Manager) addTable() error {
 
 	rule(post, ipSaddrIn(egrNet), oifNot(egrBr), []expr.Any{&expr.Masq{}})
 	if err := c.Flush(); err != nil {
-		if errors.Is(err, unix.EEXIST) {
+		if errors.Is(err, unix.EEXIST) && !replace {
 			return fmt.Errorf("installing the nftables table inet %s: a table of that name exists already (is another Manager using the prefix %s?)", m.prefix, m.prefix)
 		}
 		return fmt.Errorf("installing the nftables table inet %s: %w", m.prefix, err)

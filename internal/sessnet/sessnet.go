@@ -21,6 +21,15 @@
 // it is made, tears everything down at Close, and makes the shared bridges
 // and table lazily, at the first session that needs them.
 //
+// A daemon restarting after a crash can keep the networks of the sessions
+// it brings back (Config.Keep): New then finds each kept session's
+// namespace file <Dir>/<id>, the address on its eth0 and, through eth0's
+// peer link, its veth on the host, leases the address again, sweeps
+// everything else, keeps the bridges of the adopted tiers and reinstalls the
+// table with the current rules in one atomic step. Adopted hands each
+// adopted Net out, to be used (and torn down) as if Setup had made it; the
+// sessions keep their connectivity throughout.
+//
 // Setting up the first egress network turns on net.ipv4.ip_forward, a
 // setting global to the host's network namespace that Close leaves on (other
 // software may rely on it by then).
@@ -86,6 +95,11 @@ type Config struct {
 	// DefaultPrefix. Two Managers on a machine must not share a prefix (a
 	// test uses a unique one so it never clashes with a running daemon).
 	Prefix string
+	// Keep names the sessions whose networks New keeps rather than sweeps,
+	// with the tier each was set up for (a daemon restarting after a crash
+	// keeps the networks of the sessions it brings back). Their Nets are
+	// then returned by Adopted.
+	Keep map[string]sandbox.Network
 }
 
 // tierNet is one of the two bridged tiers.
@@ -118,6 +132,7 @@ type Manager struct {
 
 	mu       sync.Mutex
 	nets     map[string]*Net
+	adopted  map[string]adoption // the kept sessions; guarded by mu
 	closed   bool
 	released bool // Close finished: sockets closed
 	inflight sync.WaitGroup
@@ -169,17 +184,39 @@ func (n *Net) Gateway() netip.Addr {
 // but first sweeps what a crashed earlier run with the same Dir and Prefix
 // left behind: namespace files under Dir (unmounted and removed), veths and
 // bridges named with the prefix, and the nftables table of the prefix. It
-// is safe to call when nothing is left. It errs when cfg is invalid, when
-// Dir cannot be made, or when the sweep fails (the error names what could
-// not be removed); the Manager is then not returned.
+// is safe to call when nothing is left.
+//
+// The networks of the sessions in cfg.Keep are adopted rather than swept
+// when New finds them whole and of the kept tier (see Adopted): their
+// namespace files and veths stay, their addresses are leased again, the
+// bridges of their tiers stay (made again if gone, with the veths put back
+// on them) and the table is replaced, atomically, by a fresh one. A kept
+// session New cannot adopt is swept like the rest; Adopted says why.
+//
+// It errs when cfg is invalid, when Dir cannot be made, when the sweep
+// fails (the error names what could not be removed), or when the table or a
+// bridge the adopted networks need cannot be made; the Manager is then not
+// returned, and the kept networks are left on the machine for a later New.
 func New(cfg Config) (*Manager, error) {
 	m, err := newManager(cfg)
 	if err != nil {
 		return nil, err
 	}
-	if err := m.sweep(); err != nil {
+	adopted := m.findKept(cfg.Keep)
+	files, links := keptNames(adopted)
+	if err := m.sweep(files, links); err != nil {
 		m.release()
 		return nil, fmt.Errorf("sessnet: sweeping what an earlier run left: %w", err)
+	}
+	if err := m.restoreInfra(adopted); err != nil {
+		m.release()
+		return nil, fmt.Errorf("sessnet: restoring the bridges and nftables table of the adopted networks: %w", err)
+	}
+	m.adopted = adopted
+	for _, a := range adopted {
+		if a.n != nil {
+			m.nets[a.n.id] = a.n
+		}
 	}
 	return m, nil
 }

@@ -13,11 +13,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// sweep removes what a run of this Dir and Prefix left: the veths (which
-// takes their namespace ends along), the bridges, the namespace files, and
-// last the table, so that no bridge stands without its rules. Only New
-// calls it, before the Manager is shared.
-func (m *Manager) sweep() error {
+// sweep removes what a run of this Dir and Prefix left, except the kept
+// namespace files (paths) and links (names) of the adopted Nets: the veths
+// (which takes their namespace ends along), the bridges, the namespace
+// files, and last the table, so that no bridge stands without its rules.
+// The table stays when a bridge is kept (restoreInfra replaces it). Only
+// New calls it, before the Manager is shared.
+func (m *Manager) sweep(keepFiles, keepLinks map[string]bool) error {
 	var errs []error
 	links, err := listLinks(m.host)
 	if err != nil {
@@ -27,7 +29,7 @@ func (m *Manager) sweep() error {
 	for _, l := range links {
 		name := l.Attrs().Name
 		switch {
-		case !m.ours(name):
+		case !m.ours(name) || keepLinks[name]:
 		case name == m.internal.bridge || name == m.egress.bridge:
 			bridges = append(bridges, name)
 		default:
@@ -46,6 +48,9 @@ func (m *Manager) sweep() error {
 		errs = append(errs, err)
 	}
 	for _, mp := range mounts {
+		if keepFiles[mp] {
+			continue
+		}
 		if err := unmountRemove(mp); err != nil {
 			errs = append(errs, err)
 		}
@@ -55,11 +60,14 @@ func (m *Manager) sweep() error {
 		errs = append(errs, err)
 	}
 	for _, f := range files {
+		if keepFiles[f] {
+			continue
+		}
 		if err := unmountRemove(f); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if len(errs) == 0 {
+	if len(errs) == 0 && !keepLinks[m.internal.bridge] && !keepLinks[m.egress.bridge] {
 		if err := m.delTable(); err != nil {
 			errs = append(errs, err)
 		}
