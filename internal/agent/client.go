@@ -29,6 +29,9 @@ type FileRef struct {
 	Rel string
 	// Orig is the caller's path as given, for messages.
 	Orig string
+	// Sync (put only) makes the agent flush the new file and its
+	// directories to disk before it answers: for persistent workspaces.
+	Sync bool
 }
 
 // connect dials the agent for op.
@@ -123,7 +126,7 @@ func (c *Client) PutFile(ctx context.Context, f FileRef, r io.Reader) error {
 	}
 	defer fc.Close() // before the end frame, this makes the agent drop the upload
 	defer guard(ctx, fc.c)()
-	req := request{V: Version, Op: "put", Root: f.Root, Rel: f.Rel, Orig: f.Orig}
+	req := request{V: Version, Op: "put", Root: f.Root, Rel: f.Rel, Orig: f.Orig, Sync: f.Sync}
 	req.encodeBytes()
 	if err := fc.writeJSON(frameRequest, req); err != nil {
 		return connError(ctx, op, fmt.Sprintf("%q: cannot send the request", f.Orig), err)

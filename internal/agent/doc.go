@@ -163,7 +163,10 @@
 // target and replies {} or an error frame. On abort, on a failure, or if
 // the connection ends first, it removes the temporary file: the old file
 // stays. A failure while writing is sent as an error frame at once, and
-// the agent closes the connection.
+// the agent closes the connection. With "sync": true (a persistent
+// workspace), the agent flushes the new content to disk before the move
+// and the directory after it (and every directory it created on the way),
+// so the end's reply means the file survives a crash of the machine.
 //
 // get: the request carries root, rel and orig as for put. The reply is
 // {"size": n} (the size at open), then data frames, then an end frame; a

@@ -81,6 +81,11 @@ func (s *server) handlePut(c *frameConn, req *request) {
 		return
 	}
 	dir := filepath.Dir(req.Rel)
+	newDirs := false
+	if req.Sync {
+		fi, err := root.Lstat(dir)
+		newDirs = err != nil || !fi.IsDir()
+	}
 	if err := root.MkdirAll(dir, 0o755); err != nil {
 		fail("cannot create its parent directory", err)
 		return
@@ -133,6 +138,12 @@ func (s *server) handlePut(c *frameConn, req *request) {
 				fail("chmod failed", err)
 				return
 			}
+			if req.Sync {
+				if err := f.Sync(); err != nil {
+					fail("cannot flush the new content to disk", err)
+					return
+				}
+			}
 			err := f.Close()
 			if err != nil {
 				fail("write failed", err)
@@ -145,6 +156,12 @@ func (s *server) handlePut(c *frameConn, req *request) {
 				return
 			}
 			placed = true
+			if req.Sync {
+				if err := syncDirs(root, dir, newDirs); err != nil {
+					fail("the new file is in place but its directory could not be flushed to disk", err)
+					return
+				}
+			}
 			_ = c.writeJSON(frameReply, struct{}{})
 			return
 		case frameAbort:
@@ -232,4 +249,21 @@ func randomSuffix() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux
 	return hex.EncodeToString(b[:])
+}
+
+// syncDirs flushes the directory dir (relative to root) to disk; with
+// ancestors, also every directory above it up to root.
+func syncDirs(root fileSystem, dir string, ancestors bool) error {
+	for {
+		d, err := root.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY, 0)
+		if err != nil {
+			return err
+		}
+		err = d.Sync()
+		d.Close()
+		if err != nil || !ancestors || dir == "." {
+			return err
+		}
+		dir = filepath.Dir(dir)
+	}
 }

@@ -78,6 +78,7 @@ type request struct {
 	Root string `json:"root,omitempty"`
 	Rel  string `json:"rel,omitempty"`
 	Orig string `json:"orig,omitempty"`
+	Sync bool   `json:"sync,omitempty"` // put: flush to disk before the reply
 }
 
 // eachString calls f on every string field of r.

@@ -197,6 +197,23 @@ func (r *cgroupRoot) create(name string, cpu float64, memMB int) (_ *cgroup, err
 	return cg, nil
 }
 
+// remove ends every process in the session cgroup name and removes it, in
+// every hierarchy; missing is not an error.
+func (r *cgroupRoot) remove(name string) error {
+	cg := &cgroup{}
+	for _, base := range r.base {
+		if dir := filepath.Join(base, name); dirExists(dir) {
+			cg.dirs = append(cg.dirs, dir)
+		}
+	}
+	return cg.destroy()
+}
+
+func dirExists(dir string) bool {
+	fi, err := os.Stat(dir)
+	return err == nil && fi.IsDir()
+}
+
 // procsFiles are the files a process writes its pid to, to join the cgroup.
 func (cg *cgroup) procsFiles() []string {
 	out := make([]string, len(cg.dirs))

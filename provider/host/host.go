@@ -41,6 +41,7 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/sessionlock"
 	"github.com/tai42/sandbox/kit"
 )
 
@@ -79,6 +80,9 @@ type Options struct {
 	ExitGrace time.Duration
 	// Logger receives lifecycle events; never env values.
 	Logger *slog.Logger
+	// Ledger is passed to the kit: a durable one (package ledger) brings
+	// back, at New, the sessions a killed process left. nil: in memory.
+	Ledger kit.Ledger
 }
 
 // New returns the host runner wrapped by the kit.
@@ -88,12 +92,18 @@ func New(opts Options) (*kit.Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	return kit.New(p, kit.Options{
+	sb, err := kit.New(p, kit.Options{
 		Policy:             opts.Policy,
 		ExecDefaultTimeout: opts.ExecDefaultTimeout,
 		ReapInterval:       opts.ReapInterval,
 		Logger:             opts.Logger,
+		Ledger:             opts.Ledger,
 	})
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	return sb, nil
 }
 
 type provider struct {
@@ -101,9 +111,12 @@ type provider struct {
 	ephDir   string // ephemeral workspaces
 	perDir   string // persistent workspaces, one per key
 	tmpDir   string // per-session TMPDIR
-	netErr   error  // why network "none" cannot be enforced, or nil
+	locks    *sessionlock.Dir
+	netErr   error // why network "none" cannot be enforced, or nil
 	cgroups  *cgroupRoot
 	cgErr    error // why caps cannot be enforced, or nil
+	track    *tracker
+	trackErr error // why sessions' processes are not tracked, or nil
 	hostNet  *os.File
 	netPool  *netnsPool
 	devNull  *os.File // stdin of an exec given no input
@@ -140,6 +153,9 @@ func newProvider(opts Options) (*provider, error) {
 			return nil, fmt.Errorf("host: state directory: %w", err)
 		}
 	}
+	if p.locks, err = sessionlock.Open(filepath.Join(root, "locks")); err != nil {
+		return nil, fmt.Errorf("host: %w", err)
+	}
 	if p.devNull, err = os.Open(os.DevNull); err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
@@ -148,6 +164,7 @@ func newProvider(opts Options) (*provider, error) {
 		p.netPool = newNetnsPool(netnsPoolSize)
 	}
 	p.cgroups, p.cgErr = findCgroups()
+	p.track, p.trackErr = findTracker()
 	return p, nil
 }
 
@@ -165,6 +182,14 @@ func (p *provider) Close() error {
 		p.hostNet.Close()
 	}
 	return p.devNull.Close()
+}
+
+// log is the provider's logger, never nil.
+func (p *provider) log() *slog.Logger {
+	if p.opts.Logger != nil {
+		return p.opts.Logger
+	}
+	return slog.New(slog.DiscardHandler)
 }
 
 func (p *provider) Name() string                 { return Name }
@@ -206,6 +231,10 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 			r.cleanup()
 		}
 	}()
+	// First: from here on no other process sweeps what this one makes.
+	if r.lock, err = p.locks.Hold(req.ID); err != nil {
+		return nil, err
+	}
 	if req.Spec.Durability == sandbox.Persistent {
 		r.ws = filepath.Join(p.perDir, req.Spec.WorkspaceKey)
 		if err := os.MkdirAll(r.ws, 0o700); err != nil {
@@ -224,6 +253,11 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 	r.tmp = filepath.Join(p.tmpDir, req.ID)
 	if err := os.Mkdir(r.tmp, 0o700); err != nil {
 		return nil, err
+	}
+	if p.track != nil {
+		if r.grp, err = p.track.create(req.ID); err != nil {
+			return nil, err
+		}
 	}
 	if req.Spec.Network == sandbox.NetworkNone {
 		if r.netns, err = p.netPool.take(); err != nil {

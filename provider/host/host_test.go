@@ -57,6 +57,8 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	case "sigign":
 		os.Exit(sigignHelper())
+	case "crash":
+		os.Exit(crashHelper())
 	}
 	goleak.VerifyTestMain(m)
 }

@@ -129,6 +129,7 @@ func (r *resources) start(op string, req kit.ExecRequest, stdinPipe bool, sk exe
 		Files: []*os.File{childStdin, pipes[3], pipes[5]},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
+	r.grp.sysProcAttr(attr.Sys)
 	var process *os.Process
 	startFn := func() (err error) { process, err = os.StartProcess(path, argv, attr); return err }
 	if r.netns != nil {

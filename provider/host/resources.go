@@ -16,6 +16,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/oscmd"
+	"github.com/tai42/sandbox/internal/sessionlock"
 	"github.com/tai42/sandbox/kit"
 )
 
@@ -31,6 +32,8 @@ type resources struct {
 	tmp      string
 	netns    *netns
 	cg       *cgroup
+	grp      *group // the tracking cgroup; nil where there is none
+	lock     *sessionlock.Lock
 
 	starting sync.WaitGroup // execs between the closed check and register
 
@@ -43,6 +46,9 @@ type resources struct {
 var _ kit.Resources = (*resources)(nil)
 
 var tmpSeq atomic.Uint64
+
+// putTempPrefix starts the name of put_file's temporary files.
+const putTempPrefix = ".tai42-put-"
 
 func (r *resources) WorkspacePath() string { return r.ws }
 
@@ -92,6 +98,8 @@ func (r *resources) Destroy(context.Context) error {
 
 func (r *resources) cleanup() error {
 	var errs []error
+	// The tracking cgroup first: it ends what left its process group.
+	errs = append(errs, r.grp.destroy())
 	if r.cg != nil {
 		errs = append(errs, r.cg.destroy())
 	}
@@ -105,7 +113,12 @@ func (r *resources) cleanup() error {
 	if r.removeWS && r.ws != "" {
 		errs = append(errs, oscmd.RemoveAll(r.ws))
 	}
-	return errors.Join(errs...)
+	err := errors.Join(errs...)
+	// Last: while it is held, no other process sweeps the session. Its
+	// file stays when something could not be removed, so the next start
+	// retries.
+	r.lock.Release(err == nil)
+	return err
 }
 
 // beginStart admits an exec start unless the session is closed; the caller
@@ -163,6 +176,8 @@ func (r *resources) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) 
 		return sandbox.Errorf("put_file", "%q is the workspace itself; name a file", p.Orig)
 	}
 	dir := filepath.Dir(p.Rel)
+	durable := r.spec.Durability == sandbox.Persistent
+	newDirs := durable && !r.dirExists(dir)
 	if err := r.root.MkdirAll(dir, 0o755); err != nil {
 		return fail("cannot create its parent directory", err)
 	}
@@ -175,7 +190,7 @@ func (r *resources) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) 
 			mode = fi.Mode().Perm()
 		}
 	}
-	tmp := filepath.Join(dir, fmt.Sprintf(".tai42-put-%d-%d", os.Getpid(), tmpSeq.Add(1)))
+	tmp := filepath.Join(dir, fmt.Sprintf("%s%d-%d", putTempPrefix, os.Getpid(), tmpSeq.Add(1)))
 	f, err := r.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
 	if err != nil {
 		return fail("cannot create a temporary file", err)
@@ -197,13 +212,49 @@ func (r *resources) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) 
 		f.Close()
 		return fail("chmod failed", err)
 	}
+	if durable {
+		// A persistent workspace outlives a crash of the machine: the new
+		// content is on disk before it takes the name.
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return fail("cannot flush the new content to disk", err)
+		}
+	}
 	if err := f.Close(); err != nil {
 		return fail("write failed", err)
 	}
 	if err := r.root.Rename(tmp, p.Rel); err != nil {
 		return fail("cannot move the new file into place", err)
 	}
+	if durable {
+		if err := r.syncDirs(dir, newDirs); err != nil {
+			return fail("the new file is in place but its directory could not be flushed to disk", err)
+		}
+	}
 	return nil
+}
+
+func (r *resources) dirExists(dir string) bool {
+	fi, err := r.root.Stat(dir)
+	return err == nil && fi.IsDir()
+}
+
+// syncDirs flushes the directory dir (workspace-relative) to disk, so the
+// rename into it survives a crash; with ancestors, also every directory
+// above it up to the workspace, some of which it may have created.
+func (r *resources) syncDirs(dir string, ancestors bool) error {
+	for {
+		d, err := r.root.Open(dir)
+		if err != nil {
+			return err
+		}
+		err = d.Sync()
+		d.Close()
+		if err != nil || !ancestors || dir == "." {
+			return err
+		}
+		dir = filepath.Dir(dir)
+	}
 }
 
 // GetFile reads a regular file. Only a path where nothing exists is a

@@ -1,0 +1,99 @@
+// Package sessionlock marks which process owns a session's resources on
+// the machine: each session has a lock file, flocked by the process that
+// runs it for as long as it does. A process starting on a state directory
+// removes only the sessions whose lock it can take (their process is
+// gone: it ended, or was killed), never those of another live process
+// sharing the directory (concurrent `tai42 run`s do).
+//
+// The kernel drops a flock with its process, so a SIGKILL frees it. A
+// lock is taken before anything else of the session is made, and its
+// file is removed after everything else is.
+package sessionlock
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+const suffix = ".lock"
+
+// Dir is a directory of session lock files.
+type Dir struct{ path string }
+
+// Open makes (if needed) and returns the lock directory at path.
+func Open(path string) (*Dir, error) {
+	if err := os.MkdirAll(path, 0o700); err != nil {
+		return nil, fmt.Errorf("session locks: %w", err)
+	}
+	return &Dir{path: path}, nil
+}
+
+// Lock is one session's held lock.
+type Lock struct {
+	f    *os.File
+	path string
+}
+
+// ErrHeld is returned by Hold when another process holds the lock.
+var ErrHeld = errors.New("the session is in use by another process")
+
+// Hold takes id's lock, creating its file: for a new session, or one this
+// process takes over. It fails with ErrHeld when another live process
+// holds it.
+func (d *Dir) Hold(id string) (*Lock, error) {
+	if id == "" || !filepath.IsLocal(id) || strings.ContainsRune(id, '/') {
+		return nil, fmt.Errorf("session locks: %q is not a session id", id)
+	}
+	path := filepath.Join(d.path, id+suffix)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("session lock: %w", err)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("session %s: %w", id, ErrHeld)
+		}
+		return nil, fmt.Errorf("session lock %s: %w", path, err)
+	}
+	return &Lock{f: f, path: path}, nil
+}
+
+// IDs lists the sessions that have a lock file, held or not.
+func (d *Dir) IDs() ([]string, error) {
+	entries, err := os.ReadDir(d.path)
+	if err != nil {
+		return nil, fmt.Errorf("session locks: %w", err)
+	}
+	var out []string
+	for _, e := range entries {
+		if id, ok := strings.CutSuffix(e.Name(), suffix); ok {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
+
+// Release removes the lock file (when remove: the session is gone) and
+// then drops the lock. Safe on a nil Lock and twice.
+func (l *Lock) Release(remove bool) {
+	if l == nil || l.f == nil {
+		return
+	}
+	if remove {
+		_ = os.Remove(l.path)
+	}
+	l.f.Close()
+	l.f = nil
+}
