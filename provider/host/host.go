@@ -12,7 +12,8 @@
 //     v2 cpu.max/memory.max with swap off) when the cgroup tree is writable;
 //     else rejected, saying why.
 //   - persistent workspaces: a directory per workspace_key that survives
-//     destroy and reap.
+//     destroy, reap and restarts; put_file there flushes the new file and
+//     its directory to disk before it returns.
 //
 // Processes: a timeout, a kill or the session's destroy sends SIGKILL to the
 // exec's whole process group. When a command exits on its own, processes it
@@ -23,9 +24,22 @@
 // writing into them is killed at the exec's timeout; the command's own
 // exit status stands. Kill on a handle whose command has exited ends
 // those left processes, and destroying the session ends every process group
-// it started (and, with caps, everything in its cgroup). A process that
-// leaves its group (setsid) without caps is out of reach: isolation none is
-// not a security boundary.
+// it started and, where the runner can track processes (below), every
+// process the session started, one that left its group (setsid) included.
+//
+// Tracking and recovery: where a cgroup v2 hierarchy is writable (root; on
+// a hybrid cgroups v1 host the cgroup2 mount beside), every exec starts
+// inside the session's tracking group (<cgroup2>/tai42-host/<id>, no
+// controllers), so the kernel knows every process of the session. Each
+// session also holds a lock file (<state>/host/locks/<id>.lock) while its
+// process runs it. A runner starting on a state directory (kit.Recoverer)
+// ends the processes of every session whose lock is free (its process was
+// killed), removes those sessions but the ones its ledger keeps, and makes
+// the kept ones again around their workspaces: execs that were running are
+// gone. Without a writable cgroup v2 hierarchy, a killed runner's
+// processes cannot be found and are left running (the log says so).
+// Sessions of another live process on the same state directory are left
+// alone.
 //
 // A command that cannot be found exits 127, one that cannot be executed 126,
 // with the reason on stderr; a command killed by a signal reports 128+signal.
