@@ -250,7 +250,7 @@ func (h *handle) readFrames() terminal {
 }
 
 func (h *handle) lostErr(err error) error {
-	msg := "the exec stream from the daemon at " + h.c.display + " was lost before the exec's end"
+	msg := "the exec stream from the daemon at " + h.c.display + " was lost before the exec's end; its outcome is unknown (a daemon that restarts ends the execs that were running)"
 	var ce websocket.CloseError
 	if errors.As(err, &ce) {
 		msg += fmt.Sprintf(" (the daemon closed it with status %d", int(ce.Code))
