@@ -20,6 +20,19 @@
 // with the status of [KindStatus]; [ErrorBody] and [Error.Err] convert both
 // ways, once each.
 //
+// # Persistent workspaces
+//
+// GET /v1/workspaces answers a [WorkspaceList]: every persistent workspace,
+// sorted by key, with the id of the live session holding it (in_use_by).
+// DELETE /v1/workspaces/{key} removes one and its files (204). A key a live
+// session holds, or one whose create or removal is under way, is refused
+// with 422 spec_rejected (field workspace_key, reason conflict, op
+// remove_workspace) naming the session; a key with no workspace is 404
+// [KindWorkspaceNotFound] carrying workspace_key; a key that is not a valid
+// workspace_key is 400 sandbox_error. A daemon whose sandbox does not
+// implement sandbox.WorkspaceManager answers both routes with 400
+// sandbox_error saying so.
+//
 // # Interactive exec (WebSocket)
 //
 // GET /v1/sessions/{id}/exec/stream upgrades to a WebSocket with

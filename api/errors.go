@@ -21,6 +21,9 @@ const (
 	KindSpecRejected    Kind = "spec_rejected"
 	KindUnavailable     Kind = "unavailable"
 	KindOutputLimit     Kind = "output_limit"
+	// KindWorkspaceNotFound: no persistent workspace has the key
+	// (*sandbox.WorkspaceNotFoundError).
+	KindWorkspaceNotFound Kind = "workspace_not_found"
 
 	// KindBadRequest: the request itself is malformed (bad JSON, an
 	// unknown field, a wrong type, a bad frame).
@@ -42,20 +45,21 @@ const (
 // KindStatus is the HTTP status of each kind: the one table both directions
 // use.
 var KindStatus = map[Kind]int{
-	KindSandbox:          http.StatusBadRequest,
-	KindExecTimeout:      http.StatusGatewayTimeout,
-	KindFileNotFound:     http.StatusNotFound,
-	KindSessionNotFound:  http.StatusNotFound,
-	KindSpecRejected:     http.StatusUnprocessableEntity,
-	KindUnavailable:      http.StatusServiceUnavailable,
-	KindOutputLimit:      http.StatusInsufficientStorage,
-	KindBadRequest:       http.StatusBadRequest,
-	KindUnauthorized:     http.StatusUnauthorized,
-	KindNotFound:         http.StatusNotFound,
-	KindMethodNotAllowed: http.StatusMethodNotAllowed,
-	KindTooLarge:         http.StatusRequestEntityTooLarge,
-	KindInternal:         http.StatusInternalServerError,
-	KindShuttingDown:     http.StatusServiceUnavailable,
+	KindSandbox:           http.StatusBadRequest,
+	KindExecTimeout:       http.StatusGatewayTimeout,
+	KindFileNotFound:      http.StatusNotFound,
+	KindSessionNotFound:   http.StatusNotFound,
+	KindSpecRejected:      http.StatusUnprocessableEntity,
+	KindUnavailable:       http.StatusServiceUnavailable,
+	KindOutputLimit:       http.StatusInsufficientStorage,
+	KindWorkspaceNotFound: http.StatusNotFound,
+	KindBadRequest:        http.StatusBadRequest,
+	KindUnauthorized:      http.StatusUnauthorized,
+	KindNotFound:          http.StatusNotFound,
+	KindMethodNotAllowed:  http.StatusMethodNotAllowed,
+	KindTooLarge:          http.StatusRequestEntityTooLarge,
+	KindInternal:          http.StatusInternalServerError,
+	KindShuttingDown:      http.StatusServiceUnavailable,
 }
 
 // Error is the "error" object of an error body. Only the fields of its kind
@@ -65,14 +69,15 @@ type Error struct {
 	Message string `json:"message"`
 	Op      string `json:"op,omitempty"`
 
-	SessionID  string   `json:"session_id,omitempty"` // session_not_found
-	Detail     string   `json:"detail,omitempty"`     // session_not_found
-	Path       string   `json:"path,omitempty"`       // file_not_found
-	Field      string   `json:"field,omitempty"`      // spec_rejected
-	Reason     string   `json:"reason,omitempty"`     // spec_rejected
-	Name       string   `json:"name,omitempty"`       // unavailable
-	Registered []string `json:"registered,omitempty"` // unavailable
-	Limit      int64    `json:"limit,omitempty"`      // output_limit
+	SessionID    string   `json:"session_id,omitempty"`    // session_not_found
+	Detail       string   `json:"detail,omitempty"`        // session_not_found
+	Path         string   `json:"path,omitempty"`          // file_not_found
+	Field        string   `json:"field,omitempty"`         // spec_rejected
+	Reason       string   `json:"reason,omitempty"`        // spec_rejected
+	Name         string   `json:"name,omitempty"`          // unavailable
+	Registered   []string `json:"registered,omitempty"`    // unavailable
+	Limit        int64    `json:"limit,omitempty"`         // output_limit
+	WorkspaceKey string   `json:"workspace_key,omitempty"` // workspace_not_found
 	// exec_timeout and output_limit
 	TimeoutSeconds float64 `json:"timeout_seconds,omitempty"`
 	StdoutLen      *int64  `json:"stdout_len,omitempty"`
@@ -105,6 +110,7 @@ func ErrorFrom(err error) Error {
 		rej *sandbox.SpecRejectedError
 		una *sandbox.UnavailableError
 		lim *sandbox.OutputLimitError
+		wnf *sandbox.WorkspaceNotFoundError
 		te  *TransportError
 		se  *sandbox.SandboxError
 	)
@@ -125,6 +131,8 @@ func ErrorFrom(err error) Error {
 		return Error{Kind: KindSpecRejected, Message: rej.Error(), Op: "create_session", Field: rej.Field, Reason: string(rej.Reason)}
 	case errors.As(err, &una):
 		return Error{Kind: KindUnavailable, Message: una.Error(), Name: una.Name, Registered: una.Registered}
+	case errors.As(err, &wnf):
+		return Error{Kind: KindWorkspaceNotFound, Message: wnf.Error(), Op: "remove_workspace", WorkspaceKey: wnf.Key}
 	case errors.As(err, &se):
 		return Error{Kind: KindSandbox, Message: se.Error(), Op: se.Op}
 	}
@@ -157,6 +165,8 @@ func (e Error) Err() error {
 		return &sandbox.SpecRejectedError{Field: e.Field, Reason: sandbox.RejectReason(e.Reason), Message: rejectMessage(e)}
 	case KindUnavailable:
 		return &sandbox.UnavailableError{Name: e.Name, Registered: e.Registered}
+	case KindWorkspaceNotFound:
+		return &sandbox.WorkspaceNotFoundError{Key: e.WorkspaceKey}
 	case KindSandbox:
 		return &sandbox.SandboxError{Op: e.Op, Message: trimPrefix(e.Message, e.Op)}
 	}

@@ -28,6 +28,7 @@ func TestErrorRoundTrip(t *testing.T) {
 		{&sandbox.SpecRejectedError{Field: "workspace_key", Reason: sandbox.ReasonConflict, Message: "live session s-2 holds it"}, KindSpecRejected, http.StatusUnprocessableEntity},
 		{&sandbox.UnavailableError{Name: "vm", Registered: []string{"host"}}, KindUnavailable, http.StatusServiceUnavailable},
 		{&sandbox.OutputLimitError{Limit: 64 << 20, StdoutLen: 64<<20 + 1, StderrLen: 3}, KindOutputLimit, http.StatusInsufficientStorage},
+		{&sandbox.WorkspaceNotFoundError{Key: "alice-notebook"}, KindWorkspaceNotFound, http.StatusNotFound},
 		{sandbox.Errorf("get_file", "%q is a directory, not a file", "d"), KindSandbox, http.StatusBadRequest},
 		{sandbox.Errorf("", "no op"), KindSandbox, http.StatusBadRequest},
 	}

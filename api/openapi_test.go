@@ -350,18 +350,20 @@ func oaCheckParameters(t *testing.T, doc map[string]any) {
 
 // oaWireTypes maps each component schema to the Go type it documents.
 var oaWireTypes = map[string]reflect.Type{
-	"SessionSpec": reflect.TypeFor[SessionSpec](),
-	"ExecRequest": reflect.TypeFor[ExecRequest](),
-	"ExecResult":  reflect.TypeFor[ExecResult](),
-	"SessionList": reflect.TypeFor[SessionList](),
-	"Reaped":      reflect.TypeFor[Reaped](),
-	"SandboxInfo": reflect.TypeFor[SandboxInfo](),
-	"Health":      reflect.TypeFor[Health](),
-	"Error":       reflect.TypeFor[Error](),
-	"ErrorBody":   reflect.TypeFor[ErrorBody](),
-	"Frame":       reflect.TypeFor[Frame](),
-	"SessionInfo": reflect.TypeFor[sandbox.SessionInfo](),
-	"Policy":      reflect.TypeFor[sandbox.Policy](),
+	"SessionSpec":   reflect.TypeFor[SessionSpec](),
+	"ExecRequest":   reflect.TypeFor[ExecRequest](),
+	"ExecResult":    reflect.TypeFor[ExecResult](),
+	"SessionList":   reflect.TypeFor[SessionList](),
+	"Reaped":        reflect.TypeFor[Reaped](),
+	"SandboxInfo":   reflect.TypeFor[SandboxInfo](),
+	"Health":        reflect.TypeFor[Health](),
+	"Error":         reflect.TypeFor[Error](),
+	"ErrorBody":     reflect.TypeFor[ErrorBody](),
+	"Frame":         reflect.TypeFor[Frame](),
+	"SessionInfo":   reflect.TypeFor[sandbox.SessionInfo](),
+	"Policy":        reflect.TypeFor[sandbox.Policy](),
+	"WorkspaceList": reflect.TypeFor[WorkspaceList](),
+	"WorkspaceInfo": reflect.TypeFor[sandbox.WorkspaceInfo](),
 }
 
 // oaEnums are the enum schemas and the contract's values of each.

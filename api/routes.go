@@ -31,6 +31,8 @@ var Routes = []Route{
 	{"PUT", "/v1/sessions/{id}/files", "putFile", false},
 	{"GET", "/v1/sessions/{id}/files", "getFile", false},
 	{"POST", "/v1/reap", "reap", false},
+	{"GET", "/v1/workspaces", "listWorkspaces", false},
+	{"DELETE", "/v1/workspaces/{key}", "removeWorkspace", false},
 }
 
 // Headers and query parameters.

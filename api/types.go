@@ -79,6 +79,12 @@ type SessionList struct {
 	Sessions []sandbox.SessionInfo `json:"sessions"`
 }
 
+// WorkspaceList is the body of GET /v1/workspaces: every persistent
+// workspace, sorted by key.
+type WorkspaceList struct {
+	Workspaces []sandbox.WorkspaceInfo `json:"workspaces"`
+}
+
 // Reaped is the body of POST /v1/reap.
 type Reaped struct {
 	Reaped []string `json:"reaped"`

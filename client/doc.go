@@ -9,7 +9,9 @@
 // Every method of the contract keeps its contract over the wire, and the
 // client passes the conformance suite (package sandboxtest) against the
 // daemon. Sessions also implement [sandbox.FileStreamer], so files move
-// without being held whole in memory.
+// without being held whole in memory, and the client implements
+// [sandbox.WorkspaceManager]: it lists and removes the daemon's persistent
+// workspaces.
 //
 // # Errors
 //

@@ -282,6 +282,10 @@ func (s *Sandbox) claim(ctx context.Context, ss *session) error {
 		}
 		live := holder.res != nil && !holder.destroying && time.Now().Before(holder.expires)
 		s.mu.Unlock()
+		if holder.res == nil && holder.id == removalID {
+			return &sandbox.SpecRejectedError{Field: "workspace_key", Reason: sandbox.ReasonConflict,
+				Message: fmt.Sprintf("persistent workspace %q is being removed; try again once the removal is done", key)}
+		}
 		if live || holder.res == nil {
 			return &sandbox.SpecRejectedError{Field: "workspace_key", Reason: sandbox.ReasonConflict,
 				Message: fmt.Sprintf("persistent workspace %q is in use by live session %s; one live session per key", key, holder.id)}

@@ -42,6 +42,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	e := api.ErrorFrom(err)
 	rs := stateOf(r)
+	if e.Kind == api.KindSpecRejected && rs.route == "removeWorkspace" {
+		e.Op = "remove_workspace" // a conflict of the removal, not of a create
+	}
 	rs.errKind = e.Kind
 	if e.Kind == api.KindInternal {
 		rs.errMsg = e.Message

@@ -74,6 +74,9 @@ func (s *Server) routes() (_ http.Handler, err error) {
 		"putFile":        s.putFile,
 		"getFile":        s.getFile,
 		"reap":           s.reap,
+		// workspaces.go
+		"listWorkspaces":  s.listWorkspaces,
+		"removeWorkspace": s.removeWorkspace,
 	}
 	mux := http.NewServeMux()
 	defer func() {

@@ -74,8 +74,10 @@ streamed, exits with the command's exit code, and destroys the session.
 
 "tai42 serve" runs the daemon: sessions over an HTTP API, for programs in
 any language and for the client commands (create, ls, exec, shell, cp,
-touch, rm, reap, and run), which find it through $TAI42_URL and
-$TAI42_TOKEN (or --url and --token).
+touch, rm, reap, workspace, and run), which find it through $TAI42_URL
+and $TAI42_TOKEN (or --url and --token). The daemon keeps its sessions in
+a ledger in its state directory: killed, it brings them back when it
+starts again.
 
 Commands that print data print a table or plain lines for people, and JSON
 with --json for programs.`,
@@ -101,7 +103,11 @@ with --json for programs.`,
   tai42 cp ./src.tgz "$id":src.tgz
   tai42 exec "$id" -- tar xzf src.tgz
   tai42 shell "$id"
-  tai42 rm "$id"`,
+  tai42 rm "$id"
+
+  # The daemon's persistent workspaces
+  tai42 workspace ls
+  tai42 workspace rm notes`,
 		Version:       versionLine(),
 		SilenceErrors: true,
 		SilenceUsage:  true,
@@ -110,7 +116,7 @@ with --json for programs.`,
 	root.AddCommand(
 		c.runCmd(), c.serveCmd(),
 		c.createCmd(), c.lsCmd(), c.execCmd(), c.shellCmd(), c.cpCmd(),
-		c.touchCmd(), c.rmCmd(), c.reapCmd(),
+		c.touchCmd(), c.rmCmd(), c.reapCmd(), c.workspaceCmd(),
 		c.imageCmd(),
 		c.versionCmd(),
 		c.agentCmd(),
