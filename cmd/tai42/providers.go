@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/kit"
+	"github.com/tai42/sandbox/ledger"
 	"github.com/tai42/sandbox/provider/container"
 	"github.com/tai42/sandbox/provider/host"
 )
@@ -31,6 +35,24 @@ type providerConfig struct {
 	runtime string
 	// logger receives the provider's lifecycle events; nil discards them.
 	logger *slog.Logger
+	// durable makes the provider keep its sessions in a durable ledger,
+	// <stateDir>/<provider>/ledger.db, and bring them back after a crash
+	// (the daemon); else the ledger is in memory (a one-shot run).
+	durable bool
+	ledger  kit.Ledger
+}
+
+// openLedger opens provider name's durable ledger in stateDir.
+func openLedger(stateDir, name string) (kit.Ledger, error) {
+	dir := filepath.Join(stateDir, name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("state directory: %w", err)
+	}
+	l, err := ledger.Open(filepath.Join(dir, ledger.FileName))
+	if errors.Is(err, ledger.ErrInUse) {
+		return nil, fmt.Errorf("state directory %s is in use by another tai42 process (its %s session ledger is locked): stop it, or give this one another --state-dir", stateDir, name)
+	}
+	return l, err
 }
 
 // closableSandbox is a provider that must be closed when done (a kit-built
@@ -56,6 +78,7 @@ var embeddedProviders = []embeddedProvider{
 			ExecDefaultTimeout: c.execTimeout,
 			MaxOutputBytes:     c.maxOutputBytes,
 			Logger:             c.logger,
+			Ledger:             c.ledger,
 		})
 	}},
 	{name: container.Name, open: func(c providerConfig) (closableSandbox, error) {
@@ -67,6 +90,7 @@ var embeddedProviders = []embeddedProvider{
 			MaxOutputBytes:     c.maxOutputBytes,
 			Runtime:            c.runtime,
 			Logger:             c.logger,
+			Ledger:             c.ledger,
 		})
 	}},
 }
@@ -93,6 +117,7 @@ func defaultProviderName() string {
 func openProvider(name string, cfg providerConfig) (sandbox.Sandbox, func(context.Context) error, error) {
 	var reg sandbox.Registry
 	var opened closableSandbox
+	var err error
 	for _, p := range embeddedProviders {
 		if p.name != name {
 			// Listed, so that an unknown name's error names them all;
@@ -102,8 +127,16 @@ func openProvider(name string, cfg providerConfig) (sandbox.Sandbox, func(contex
 			}
 			continue
 		}
+		if cfg.durable {
+			if cfg.ledger, err = openLedger(cfg.stateDir, p.name); err != nil {
+				return nil, nil, err
+			}
+		}
 		sb, err := p.open(cfg)
 		if err != nil {
+			if cfg.ledger != nil {
+				cfg.ledger.Close() // the kit closed it already if it got that far; twice is harmless
+			}
 			return nil, nil, fmt.Errorf("provider %s: %w", p.name, err)
 		}
 		opened = sb

@@ -133,6 +133,7 @@ func (c *cli) serve(cfg serveConfig) error {
 		maxOutputBytes: cfg.maxOutputBytes,
 		runtime:        cfg.runtime,
 		logger:         log,
+		durable:        true,
 	})
 	if err != nil {
 		return fail(err)

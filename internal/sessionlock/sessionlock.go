@@ -16,25 +16,32 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
 
 const suffix = ".lock"
 
-// Dir is a directory of session lock files.
-type Dir struct{ path string }
+// Dir is a directory of session lock files. It knows the locks it handed
+// out, for [Dir.Abandon].
+type Dir struct {
+	path string
+	mu   sync.Mutex
+	held map[*Lock]struct{}
+}
 
 // Open makes (if needed) and returns the lock directory at path.
 func Open(path string) (*Dir, error) {
 	if err := os.MkdirAll(path, 0o700); err != nil {
 		return nil, fmt.Errorf("session locks: %w", err)
 	}
-	return &Dir{path: path}, nil
+	return &Dir{path: path, held: map[*Lock]struct{}{}}, nil
 }
 
 // Lock is one session's held lock.
 type Lock struct {
+	d    *Dir
 	f    *os.File
 	path string
 }
@@ -67,7 +74,23 @@ func (d *Dir) Hold(id string) (*Lock, error) {
 		}
 		return nil, fmt.Errorf("session lock %s: %w", path, err)
 	}
-	return &Lock{f: f, path: path}, nil
+	l := &Lock{d: d, f: f, path: path}
+	d.mu.Lock()
+	d.held[l] = struct{}{}
+	d.mu.Unlock()
+	return l, nil
+}
+
+// Abandon drops every lock this Dir handed out and leaves their files, as
+// the process's death would: for tests that simulate a crash in process.
+func (d *Dir) Abandon() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for l := range d.held {
+		l.f.Close()
+		l.f = nil
+	}
+	clear(d.held)
 }
 
 // IDs lists the sessions that have a lock file, held or not.
@@ -88,7 +111,12 @@ func (d *Dir) IDs() ([]string, error) {
 // Release removes the lock file (when remove: the session is gone) and
 // then drops the lock. Safe on a nil Lock and twice.
 func (l *Lock) Release(remove bool) {
-	if l == nil || l.f == nil {
+	if l == nil {
+		return
+	}
+	l.d.mu.Lock()
+	defer l.d.mu.Unlock()
+	if l.f == nil {
 		return
 	}
 	if remove {
@@ -96,4 +124,5 @@ func (l *Lock) Release(remove bool) {
 	}
 	l.f.Close()
 	l.f = nil
+	delete(l.d.held, l)
 }

@@ -104,3 +104,33 @@ func (l cgroupLayout) paths(path string) []string {
 	}
 	return out
 }
+
+// killAll sends SIGKILL to every process in the cgroup path, in every
+// hierarchy, until none is left or 5 s have passed; a missing cgroup has
+// none. It is how the sweep ends a container whose pid file is gone: its
+// processes are the session's by their cgroup.
+func (l cgroupLayout) killAll(path string) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		left := 0
+		for _, d := range l.paths(path) {
+			b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+			if err != nil {
+				continue
+			}
+			for f := range strings.FieldsSeq(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+					left++
+					_ = unix.Kill(pid, unix.SIGKILL)
+				}
+			}
+		}
+		if left == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s: %d processes did not end within 5s of SIGKILL", path, left)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -35,6 +35,24 @@
 // timeout or the destroy sends it SIGKILL, and the destroy ends every
 // process of the container. A process that leaves its group (setsid) lives
 // until the session is destroyed.
+//
+// Recovery: a session's container, network and mounts outlive the process
+// that made them, so a daemon killed with SIGKILL and started again on the
+// same state directory (with a durable ledger, [Options.Ledger]) gets its
+// live sessions back: same id, workspace and processes. At its start the
+// kit hands the provider the sessions its ledger holds live
+// ([kit.Recoverer]); the provider finds everything of its own under its
+// state directory (session bundles, the runtimes' state, the network
+// manager's namespaces, links and table), removes what no kept session
+// owns, and brings each kept one back as its create left it, checking that
+// its container's PID 1 still runs and its agent answers. A session made
+// with another OCI runtime or user namespace mode than the provider now
+// has (each session's ledger handle records both) is not brought back but
+// removed. Execs that were running when the daemon died are gone: the
+// agent ended each when its connection dropped. A process an exec left
+// running (setsid, a background job) goes on until the session's destroy.
+// A provider given a network manager ([Options.Network]) cannot get a
+// kept session's network back, so it brings none back.
 package container
 
 import (
@@ -49,6 +67,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -56,7 +75,7 @@ import (
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/agent"
 	"github.com/tai42/sandbox/internal/imagestore"
-	"github.com/tai42/sandbox/internal/oscmd"
+	"github.com/tai42/sandbox/internal/sessionlock"
 	"github.com/tai42/sandbox/internal/sessnet"
 	"github.com/tai42/sandbox/kit"
 )
@@ -115,7 +134,10 @@ type Options struct {
 	// Network, when set, is a network manager the provider uses instead
 	// of making (and at Close tearing down) its own; NetPrefix and the
 	// subnets are then unused. Providers in one process share one this
-	// way, since each manager sweeps what its prefix names.
+	// way, since each manager sweeps what its prefix names. Such a
+	// provider brings back no session after a restart (see Recovery in
+	// the package doc): only a manager the provider makes itself adopts
+	// the networks of the sessions it keeps.
 	Network *sessnet.Manager
 	// UserNamespace says whether each session runs in a user namespace
 	// of its own, with the fixed mapping of [UserNamespaceBase]: root in
@@ -148,13 +170,24 @@ type Options struct {
 	UserNamespace UserNamespaceMode
 	// Logger receives lifecycle events; never env values.
 	Logger *slog.Logger
+	// Ledger is the kit's session ledger (see [kit.Options.Ledger]): nil
+	// means one in memory, and the provider then removes every session an
+	// earlier run left; a durable one lets New bring back the sessions it
+	// holds live.
+	Ledger kit.Ledger
 }
 
 // DefaultUserNamespace is the user namespace mode of an Options that sets
 // none.
 const DefaultUserNamespace = UserNamespaceAuto
 
-// New returns the container provider wrapped by the kit.
+// New returns the container provider wrapped by the kit. Before New
+// returns, the kit has the provider recover what an earlier run on the
+// same state directory left (see Recovery in the package doc): with no
+// durable ledger, every session of that run is removed. New fails when
+// that sweep cannot run (the state directory cannot be read, the network
+// manager cannot be made); a session that cannot be brought back or
+// removed is logged, not an error.
 func New(opts Options) (*kit.Sandbox, error) {
 	p, err := newProvider(opts)
 	if err != nil {
@@ -165,6 +198,7 @@ func New(opts Options) (*kit.Sandbox, error) {
 		ExecDefaultTimeout: opts.ExecDefaultTimeout,
 		ReapInterval:       opts.ReapInterval,
 		Logger:             opts.Logger,
+		Ledger:             opts.Ledger,
 	})
 	if err != nil {
 		p.Close()
@@ -185,9 +219,14 @@ type provider struct {
 	root     string // the provider's directory in the state directory
 	sessDir  string // per-session bundles
 	perDir   string // persistent workspaces, one per key
+	locks    *sessionlock.Dir
 	cgroups  cgroupLayout
 	userns   *os.File // the sessions' user namespace; nil: none
 	closeOne sync.Once
+
+	recoverMu sync.Mutex
+	recovered bool        // Recover has begun; guarded by recoverMu
+	ready     atomic.Bool // Recover is done: net is set, creates may run
 }
 
 func newProvider(opts Options) (_ *provider, err error) {
@@ -232,6 +271,9 @@ func newProvider(opts Options) (_ *provider, err error) {
 			return nil, fmt.Errorf("container: state directory: %w", err)
 		}
 	}
+	if p.locks, err = sessionlock.Open(filepath.Join(root, "locks")); err != nil {
+		return nil, fmt.Errorf("container: %w", err)
+	}
 	if p.agent, err = agentBinary(opts.AgentBinary); err != nil {
 		return nil, fmt.Errorf("container: %w", err)
 	}
@@ -259,19 +301,9 @@ func newProvider(opts Options) (_ *provider, err error) {
 	if err := p.setupUserNS(opts.UserNamespace); err != nil {
 		return nil, fmt.Errorf("container: %w", err)
 	}
+	// The provider's own network manager is made by Recover, which knows
+	// the networks to keep; a shared one is used as it is.
 	p.net, p.ownNet = opts.Network, opts.Network == nil
-	if p.ownNet {
-		p.net, err = sessnet.New(sessnet.Config{
-			Dir:            filepath.Join(root, "netns"),
-			Prefix:         opts.NetPrefix,
-			InternalSubnet: opts.InternalSubnet,
-			EgressSubnet:   opts.EgressSubnet,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("container: network: %w", err)
-		}
-	}
-	p.sweep()
 	return p, nil
 }
 
@@ -293,31 +325,6 @@ func agentBinary(name string) (string, error) {
 		return "", fmt.Errorf("the agent binary %s: %w", abs, err)
 	}
 	return abs, nil
-}
-
-// sweep removes what an earlier run left in the sessions directory: its
-// containers, root overlays (in the bundle, or under rootsDir), idmapped
-// lower layers, sysfs mounts and ephemeral workspaces. (The network manager swept its
-// own leftovers when made.)
-func (p *provider) sweep() {
-	entries, _ := os.ReadDir(p.sessDir)
-	for _, e := range entries {
-		dir := filepath.Join(p.sessDir, e.Name())
-		_ = p.rt.delete(context.Background(), e.Name())
-		_ = p.rt.do(func() error {
-			_ = unmount(filepath.Join(dir, "rootfs"))
-			_ = unmount(filepath.Join(rootsDir, e.Name(), "rootfs"))
-			_ = unmount(filepath.Join(dir, "sys"))
-			return unmount(filepath.Join(dir, "lower"))
-		})
-		_ = removeRootMount(filepath.Join(rootsDir, e.Name()))
-		_ = p.cgroups.remove(cgroupsPath(e.Name()))
-		if err := oscmd.RemoveAll(dir); err != nil {
-			p.log.Warn("container: cannot remove a left session directory", "dir", dir, "err", err)
-		} else {
-			p.log.Info("container: removed a session left by an earlier run", "id", e.Name())
-		}
-	}
 }
 
 // Close releases what the provider holds itself: the network's bridges and
@@ -368,6 +375,9 @@ func cgroupsPath(id string) string { return "/" + cgroupParent + "/" + id }
 const cgroupParent = "tai42"
 
 func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Resources, err error) {
+	if !p.ready.Load() {
+		return nil, errors.New("container: the provider has not recovered its state directory yet (the kit calls Recover before any create)")
+	}
 	r := &resources{
 		p: p, id: req.ID, spec: req.Spec,
 		dir:    filepath.Join(p.sessDir, req.ID),
@@ -381,6 +391,10 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 			}
 		}
 	}()
+	// First: from here on no other process sweeps what this one makes.
+	if r.lock, err = p.locks.Hold(req.ID); err != nil {
+		return nil, err
+	}
 	if err := os.Mkdir(r.dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -417,7 +431,7 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 		if err != nil {
 			return nil, &sandbox.SpecRejectedError{Field: "image", Reason: sandbox.ReasonUnenforceable, Message: err.Error()}
 		}
-		r.release = release
+		r.release, r.imageID = release, img.ID
 		lower, env = img.Rootfs, img.Env
 	}
 	r.env = baseEnv(env)

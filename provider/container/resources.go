@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +22,7 @@ import (
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/agent"
 	"github.com/tai42/sandbox/internal/oscmd"
+	"github.com/tai42/sandbox/internal/sessionlock"
 	"github.com/tai42/sandbox/internal/sessnet"
 	"github.com/tai42/sandbox/kit"
 )
@@ -42,16 +45,19 @@ type resources struct {
 
 	made, mounted, started bool
 	release                func() // the image's hold, or nil
+	imageID                string // the image's content digest; "" for the host image
 	net                    *sessnet.Net
 	dirFD                  int // an O_PATH handle on dir, for a short socket path
 	initFD                 int // a pidfd on the container's PID 1, or -1
 	agent                  *agent.Client
+	lock                   *sessionlock.Lock // held while this process runs the session
 
 	starting sync.WaitGroup // execs between the closed check and register
 
 	mu     sync.Mutex
 	closed bool
 	procs  map[*rproc]struct{} // running execs, and ended interactive ones whose handles are held
+	puts   map[string]int      // persistent workspace: directories with a put_file in flight
 }
 
 var (
@@ -124,19 +130,60 @@ func (r *resources) Destroy(ctx context.Context) error {
 		}
 		p.release()
 	}
+	r.removePutTemps()
 	return errors.Join(append(errs, r.cleanup(ctx))...)
+}
+
+// putTempPrefix starts the names of the agent's put_file temporaries.
+const putTempPrefix = ".tai42-put-"
+
+// removePutTemps removes, once the container is gone, the temporary files
+// of the put_file calls that were in flight in a persistent workspace: the
+// agent, killed with the container, could not. Only the directories of
+// those puts are looked in.
+func (r *resources) removePutTemps() {
+	r.mu.Lock()
+	dirs := slices.Collect(maps.Keys(r.puts))
+	r.puts = nil
+	r.mu.Unlock()
+	if len(dirs) == 0 {
+		return
+	}
+	root, err := os.OpenRoot(r.ws)
+	if err != nil {
+		return
+	}
+	defer root.Close()
+	for _, dir := range dirs {
+		d, err := root.Open(dir)
+		if err != nil {
+			continue
+		}
+		entries, _ := d.ReadDir(-1)
+		d.Close()
+		for _, e := range entries {
+			if e.Type().IsRegular() && strings.HasPrefix(e.Name(), putTempPrefix) {
+				_ = root.Remove(filepath.Join(dir, e.Name()))
+			}
+		}
+	}
 }
 
 // killInit sends SIGKILL to the container's PID 1 through its pidfd and
 // waits up to 2 s for it to end.
 func (r *resources) killInit() {
-	if r.initFD < 0 {
-		return
+	if r.initFD >= 0 {
+		killAndWait(r.initFD)
 	}
-	if err := unix.PidfdSendSignal(r.initFD, unix.SIGKILL, nil, 0); err != nil {
+}
+
+// killAndWait sends SIGKILL to the process of pidfd fd and waits up to 2 s
+// for it to end.
+func killAndWait(fd int) {
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil {
 		return // gone already
 	}
-	fds := []unix.PollFd{{Fd: int32(r.initFD), Events: unix.POLLIN}}
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
 		n, err := unix.Poll(fds, int(time.Until(deadline).Milliseconds())+1)
 		if n > 0 || (err != nil && err != unix.EINTR) {
@@ -205,7 +252,12 @@ func (r *resources) cleanup(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	return errors.Join(errs...)
+	err := errors.Join(errs...)
+	// Last: while it is held no other process sweeps the session; its file
+	// stays when something is left, so that the next start retries.
+	r.lock.Release(err == nil)
+	r.lock = nil
+	return err
 }
 
 // removeRootMount removes a remapped session's directory under rootsDir
@@ -281,7 +333,34 @@ func (r *resources) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) 
 	if r.isClosed() {
 		return r.gone()
 	}
-	return r.fileErr(r.agent.PutFile(ctx, fileRef(p), src))
+	ref := fileRef(p)
+	// A persistent workspace outlives a crash of the machine: the agent
+	// flushes the file and its directory before it answers.
+	ref.Sync = r.spec.Durability == sandbox.Persistent && p.InWorkspace()
+	if ref.Sync {
+		// A destroy while it is in flight removes its temporary file.
+		dir := filepath.Dir(p.Rel)
+		r.mu.Lock()
+		if r.closed {
+			r.mu.Unlock()
+			return r.gone()
+		}
+		if r.puts == nil {
+			r.puts = map[string]int{}
+		}
+		r.puts[dir]++
+		r.mu.Unlock()
+		defer func() {
+			r.mu.Lock()
+			if r.puts != nil {
+				if r.puts[dir]--; r.puts[dir] <= 0 {
+					delete(r.puts, dir)
+				}
+			}
+			r.mu.Unlock()
+		}()
+	}
+	return r.fileErr(r.agent.PutFile(ctx, ref, src))
 }
 
 func (r *resources) GetFile(ctx context.Context, p kit.Path) ([]byte, error) {

@@ -542,6 +542,9 @@ func TestUserNamespaceSweep(t *testing.T) {
 	if len(unsMountsUnder(t, root)) == 0 || len(unsMountsUnder(t, unsBundle(opts, sess.ID()))) == 0 {
 		t.Fatalf("a live remapped session without its mounts (%s, %s): the test cannot see them", root, unsBundle(opts, sess.ID()))
 	}
+	// As the first process's death would: its locks go, so the second
+	// takes its sessions for a dead process's.
+	container.Crash(first)
 	second := containersuite.New(t, opts)
 	if !container.RemapsUsers(second) {
 		t.Fatal("the second provider does not remap")
