@@ -125,7 +125,7 @@ go build -o "$work/soak" ./bench/soak
 mkdir -m 0700 "$state"
 # Warnings and errors only: the info log has a line per request.
 "$work/tai42" serve --provider "$provider" --state-dir "$state" --listen 127.0.0.1:0 \
-	--log-level warn 2>"$out/daemon.log" &
+	--net-prefix tsoak --log-level warn 2>"$out/daemon.log" &
 dpid=$!
 
 addr=

@@ -39,6 +39,7 @@ type serveFlags struct {
 	stateDir        string
 	provider        string
 	runtime         string
+	netPrefix       string
 	token           string
 	tokenFile       string
 	tlsCert         string
@@ -63,6 +64,7 @@ func addServeFlags(fl *pflag.FlagSet, f *serveFlags) {
 	fl.StringVar(&f.stateDir, "state-dir", "", "state directory: workspaces, the token file (default: $"+stateDirEnv+", else $XDG_STATE_HOME/tai42, else ~/.local/state/tai42)")
 	fl.StringVar(&f.provider, "provider", defaultProvider, "sandbox provider to serve: container or host (default: container where runc or crun is installed and tai42 runs as root, else host)")
 	fl.StringVar(&f.runtime, "runtime", "runc", "the container provider's OCI runtime: runc or crun (a name in PATH or a path)")
+	fl.StringVar(&f.netPrefix, "net-prefix", "", "the container provider's prefix for its bridges, veths and nftables table, at most 6 characters (default tai42); two daemons on one host need different ones")
 	fl.StringVar(&f.token, "token", "", "the token clients must send (default: the token file; prefer $TAI42_TOKEN: a flag shows in ps)")
 	fl.StringVar(&f.tokenFile, "token-file", "", "read the token from this `FILE` (mode 0600) (default: <state-dir>/token, written at first start)")
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "serve HTTPS with this PEM certificate `FILE` (with --tls-key)")
@@ -96,6 +98,7 @@ var serveSettings = []setting{
 	{"state-dir", stateDirEnv, "state_dir"},
 	{"provider", providerEnv, "provider"},
 	{"runtime", "TAI42_RUNTIME", "runtime"},
+	{"net-prefix", "TAI42_NET_PREFIX", "net_prefix"},
 	{"token", tokenEnv, ""},
 	{"token-file", "TAI42_TOKEN_FILE", "token_file"},
 	{"exec-timeout", "TAI42_EXEC_TIMEOUT", "exec_default_timeout"},
@@ -120,6 +123,7 @@ type fileConfig struct {
 	StateDir           *string `toml:"state_dir"`
 	Provider           *string `toml:"provider"`
 	Runtime            *string `toml:"runtime"`
+	NetPrefix          *string `toml:"net_prefix"`
 	TokenFile          *string `toml:"token_file"`
 	ExecDefaultTimeout *string `toml:"exec_default_timeout"`
 	ReapInterval       *string `toml:"reap_interval"`
@@ -160,7 +164,7 @@ func loadConfigFile(path string) (map[string]string, error) {
 		for i, k := range und {
 			keys[i] = k.String()
 		}
-		return nil, fmt.Errorf("config file %s: unknown key(s) %s (known: listen, state_dir, provider, runtime, token_file, exec_default_timeout, reap_interval, log_level, log_format, [tls] cert and key, [policy] egress, isolation, durable and scrub_transcript, [limits] max_body_bytes, max_output_bytes and shutdown_grace)",
+		return nil, fmt.Errorf("config file %s: unknown key(s) %s (known: listen, state_dir, provider, runtime, net_prefix, token_file, exec_default_timeout, reap_interval, log_level, log_format, [tls] cert and key, [policy] egress, isolation, durable and scrub_transcript, [limits] max_body_bytes, max_output_bytes and shutdown_grace)",
 			path, strings.Join(keys, ", "))
 	}
 	out := map[string]string{}
@@ -173,6 +177,7 @@ func loadConfigFile(path string) (map[string]string, error) {
 	str("state_dir", fc.StateDir)
 	str("provider", fc.Provider)
 	str("runtime", fc.Runtime)
+	str("net_prefix", fc.NetPrefix)
 	str("token_file", fc.TokenFile)
 	str("exec_default_timeout", fc.ExecDefaultTimeout)
 	str("reap_interval", fc.ReapInterval)
@@ -209,6 +214,7 @@ type serveConfig struct {
 	stateDir       string
 	provider       string
 	runtime        string // the container provider's OCI runtime
+	netPrefix      string // the container provider's network name prefix; "" for its default
 	token          string // from --token or $TAI42_TOKEN; "" for a token file
 	tokenFile      string
 	tlsCert        string
@@ -298,6 +304,7 @@ func (f *serveFlags) validate(lookupEnv func(string) (string, bool)) (serveConfi
 		listen:         f.listen,
 		provider:       f.provider,
 		runtime:        f.runtime,
+		netPrefix:      f.netPrefix,
 		token:          f.token,
 		tokenFile:      f.tokenFile,
 		tlsCert:        f.tlsCert,

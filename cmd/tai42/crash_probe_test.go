@@ -479,17 +479,8 @@ func (c *crashRun) preflightNet() {
 		there = append(there, "nftables table inet "+crashNetPrefix)
 	}
 	if len(there) > 0 {
-		c.t.Fatalf("the network prefix %q of the container daemon is in use on this machine (%s): another container daemon with the default prefix runs, or a crashed one left them (\"tai42 serve\" has no setting for the prefix). Stop it, or remove them (ip link del NAME; nft delete table inet %s)",
+		c.t.Fatalf("the network prefix %q of the crash test's daemon is in use on this machine (%s): another crash test runs, or a killed one left them. Stop it, or remove them (ip link del NAME; nft delete table inet %s)",
 			crashNetPrefix, strings.Join(there, ", "), crashNetPrefix)
-	}
-	// Another daemon with the default prefix would sweep this run's links
-	// at its start, and this run's restarts its own.
-	for _, p := range readProcs() {
-		args := strings.Fields(p.cmd)
-		if len(args) >= 2 && filepath.Base(args[0]) == "tai42" && args[1] == "serve" && !slices.Contains(args, "host") {
-			c.t.Fatalf("another \"tai42 serve\" runs on this machine (pid %d: %s): a container daemon shares the network prefix %q with the crash test's (\"tai42 serve\" has no setting for it), and each sweeps the other's links; run the crash test when it is done",
-				p.pid, clipText(p.cmd), crashNetPrefix)
-		}
 	}
 	c.ownNet = true
 }

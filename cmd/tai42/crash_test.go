@@ -62,9 +62,9 @@ const (
 	crashExecsWait   = 15 * time.Second       // for the streamed execs to end after the kill
 	crashProcsWait   = 3 * time.Second        // for killed processes to go after a restart
 	crashMaxErrors   = 80                     // failures reported per provider; the rest are counted
-	// crashNetPrefix is the container daemon's network prefix: "tai42
-	// serve" has no setting for it, so the default.
-	crashNetPrefix = "tai42"
+	// crashNetPrefix is the container daemon's network prefix
+	// (--net-prefix), the crash test's own.
+	crashNetPrefix = "tcrsh"
 )
 
 // TestCrash kills "tai42 serve" with SIGKILL under load and checks what a
@@ -329,7 +329,7 @@ func (c *crashRun) start() error {
 	cmd := exec.Command(c.bin, "serve", "--provider", c.provider, "--state-dir", c.state,
 		"--listen", "127.0.0.1:0", "--reap-interval", crashReap.String(),
 		"--policy-durable=true", "--policy-egress", "egress", "--policy-isolation", "none",
-		"--shutdown-grace", "5s", "--log-format", "text")
+		"--shutdown-grace", "5s", "--log-format", "text", "--net-prefix", crashNetPrefix)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	pr, err := cmd.StderrPipe()
 	if err != nil {

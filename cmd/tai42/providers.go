@@ -33,6 +33,9 @@ type providerConfig struct {
 	maxOutputBytes int64
 	// runtime is the container provider's OCI runtime ("" for runc).
 	runtime string
+	// netPrefix names the container provider's bridges, veths and
+	// nftables table ("" for its default).
+	netPrefix string
 	// logger receives the provider's lifecycle events; nil discards them.
 	logger *slog.Logger
 	// durable makes the provider keep its sessions in a durable ledger,
@@ -89,6 +92,7 @@ var embeddedProviders = []embeddedProvider{
 			ExecDefaultTimeout: c.execTimeout,
 			MaxOutputBytes:     c.maxOutputBytes,
 			Runtime:            c.runtime,
+			NetPrefix:          c.netPrefix,
 			Logger:             c.logger,
 			Ledger:             c.ledger,
 		})

@@ -47,6 +47,7 @@ the file are relative to its directory. Unknown keys are an error.
   --state-dir                TAI42_STATE_DIR                state_dir
   --provider                 TAI42_PROVIDER                 provider
   --runtime                  TAI42_RUNTIME                  runtime
+  --net-prefix               TAI42_NET_PREFIX               net_prefix
   --token                    TAI42_TOKEN                    (none: use token_file)
   --token-file               TAI42_TOKEN_FILE               token_file
   --exec-timeout             TAI42_EXEC_TIMEOUT             exec_default_timeout
@@ -66,7 +67,11 @@ key is cmd/tai42/example/tai42.toml in the source tree.
 
 SIGTERM or SIGINT stops it gracefully: requests in flight get
 --shutdown-grace to finish, then every session is destroyed (ephemeral
-workspaces are removed, persistent ones kept) and it exits 0. Logs (JSON or
+workspaces are removed, persistent ones kept) and it exits 0. A daemon
+that is killed (SIGKILL, a crash) keeps its sessions in a ledger in the
+state directory (<state-dir>/<provider>/ledger.db): started again, it
+brings back the live ones (execs that were running are gone), reaps the
+expired ones and removes whatever a crash left that no session owns. Logs (JSON or
 text, on stderr) never show the token or an environment value.
 
 Exit codes: 0 after a signal; 2 for a bad flag, variable or config file or
@@ -132,6 +137,7 @@ func (c *cli) serve(cfg serveConfig) error {
 		execTimeout:    cfg.execTimeout,
 		maxOutputBytes: cfg.maxOutputBytes,
 		runtime:        cfg.runtime,
+		netPrefix:      cfg.netPrefix,
 		logger:         log,
 		durable:        true,
 	})
