@@ -348,6 +348,8 @@ func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, 
 	defer func() {
 		if err != nil {
 			r.killInit()
+			// What runs in its cgroup is its own, whatever its pid file says.
+			_ = p.cgroups.killAll(cgroupsPath(k.ID))
 			if cerr := r.cleanup(context.WithoutCancel(ctx)); cerr != nil {
 				err = fmt.Errorf("%w; removing it failed too: %w", err, cerr)
 			}
