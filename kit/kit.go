@@ -211,12 +211,16 @@ func (s *Sandbox) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (
 	if err := s.claim(ctx, ss); err != nil {
 		return nil, err
 	}
-	// The ledger knows of the session before its resources exist, so that
-	// a crash from here on finds them and rolls them back.
-	if err := s.ledger.Put(ctx, Record{ID: id, Provider: s.prov.Name(), State: StateCreating, Spec: spec}); err != nil {
-		s.release(ss)
-		return nil, sandbox.WrapError("create_session", "the session ledger refused the new session", err)
-	}
+	// The ledger learns of the session while the provider makes its
+	// resources (the write's fsync then costs a create nothing where the
+	// provider is slower): a crash before the record is on disk leaves
+	// resources no record names, which the next start's sweep removes
+	// all the same; after, the record says to roll them back. The live
+	// record follows this one, never overtakes it.
+	creating := make(chan error, 1)
+	go func() {
+		creating <- s.ledger.Put(context.WithoutCancel(ctx), Record{ID: id, Provider: s.prov.Name(), State: StateCreating, Spec: spec})
+	}()
 	forget := func() {
 		s.release(ss)
 		if err := s.ledger.Delete(context.WithoutCancel(ctx), id); err != nil {
@@ -224,6 +228,12 @@ func (s *Sandbox) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (
 		}
 	}
 	res, err := s.prov.Create(ctx, CreateRequest{ID: id, Spec: spec})
+	lerr := <-creating
+	if err == nil && lerr != nil {
+		_ = res.Destroy(context.WithoutCancel(ctx))
+		forget()
+		return nil, sandbox.WrapError("create_session", "the session ledger refused the new session; it was torn down", lerr)
+	}
 	if err != nil {
 		forget()
 		var se *sandbox.SandboxError

@@ -162,11 +162,18 @@ func TestLedgerLifecycle(t *testing.T) {
 	}
 }
 
-// TestLedgerFailureFailsCreate: a session the ledger cannot record live is
-// torn down and the create fails; nothing is left in the ledger.
+// TestLedgerFailureFailsCreate: a session the ledger cannot record
+// (creating or live) is torn down and the create fails; nothing is left in
+// the ledger.
 func TestLedgerFailureFailsCreate(t *testing.T) {
+	for _, st := range []kit.State{kit.StateCreating, kit.StateLive} {
+		t.Run(string(st), func(t *testing.T) { ledgerFailureFailsCreate(t, st) })
+	}
+}
+
+func ledgerFailureFailsCreate(t *testing.T, st kit.State) {
 	l := newLogLedger()
-	l.failOn = kit.StateLive
+	l.failOn = st
 	f := &recProvider{fakeProvider: fakeProvider{iso: "none"}}
 	sb, err := kit.New(f, kit.Options{Policy: open, ReapInterval: -1, Ledger: l})
 	if err != nil {

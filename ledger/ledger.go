@@ -58,6 +58,9 @@ func Open(path string) (*DB, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:      50 * time.Millisecond,
 		FreelistType: bolt.FreelistMapType,
+		// The freelist is rebuilt at open (a scan of a small file)
+		// rather than written at every commit: one page less to write.
+		NoFreelistSync: true,
 	})
 	if err != nil {
 		if errors.Is(err, bolterrors.ErrTimeout) {

@@ -120,11 +120,3 @@ func killRemove(dir string) error {
 		kill()
 	}
 }
-
-// count is how many processes are in the group now.
-func (g *group) count() int {
-	if g == nil {
-		return 0
-	}
-	return len(readPids(filepath.Join(g.dir, "cgroup.procs")))
-}
