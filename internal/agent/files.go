@@ -157,7 +157,8 @@ func (s *server) handlePut(c *frameConn, req *request) {
 			}
 			placed = true
 			if req.Sync {
-				if err := syncDirs(root, dir, newDirs); err != nil {
+				openDir := func(name string) (*os.File, error) { return root.OpenFile(name, os.O_RDONLY|syscall.O_DIRECTORY, 0) }
+				if err := oscmd.SyncDirs(openDir, dir, newDirs); err != nil {
 					fail("the new file is in place but its directory could not be flushed to disk", err)
 					return
 				}
@@ -249,21 +250,4 @@ func randomSuffix() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux
 	return hex.EncodeToString(b[:])
-}
-
-// syncDirs flushes the directory dir (relative to root) to disk; with
-// ancestors, also every directory above it up to root.
-func syncDirs(root fileSystem, dir string, ancestors bool) error {
-	for {
-		d, err := root.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY, 0)
-		if err != nil {
-			return err
-		}
-		err = d.Sync()
-		d.Close()
-		if err != nil || !ancestors || dir == "." {
-			return err
-		}
-		dir = filepath.Dir(dir)
-	}
 }

@@ -53,20 +53,6 @@ func TestLeases(t *testing.T) {
 	}
 }
 
-func TestUnescapeMount(t *testing.T) {
-	for in, want := range map[string]string{
-		`/a/b`:          "/a/b",
-		`/a\040b`:       "/a b",
-		`/a\011b\134c`:  "/a\tb\\c",
-		`/trailing\04`:  `/trailing\04`,
-		`/not\999octal`: `/not\999octal`,
-	} {
-		if got := unescapeMount(in); got != want {
-			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 func TestOurs(t *testing.T) {
 	m := &Manager{prefix: "t1", internal: &tierNet{bridge: "t1-int"}, egress: &tierNet{bridge: "t1-egr"}}
 	for name, want := range map[string]bool{

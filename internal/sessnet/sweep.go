@@ -1,15 +1,14 @@
 package sessnet
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/tai42/sandbox/internal/oscmd"
 	"golang.org/x/sys/unix"
 )
 
@@ -83,48 +82,17 @@ func isGone(err error) bool {
 // mountsUnder lists the mount points directly inside dir, from
 // /proc/self/mountinfo, once per mount (stacked mounts repeat).
 func mountsUnder(dir string) ([]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	all, err := oscmd.MountPoints("/proc/self/mountinfo")
 	if err != nil {
-		return nil, fmt.Errorf("reading the mount table: %w", err)
+		return nil, err
 	}
-	defer f.Close()
 	var out []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		// id parent major:minor root mountpoint options ...
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := unescapeMount(fields[4])
+	for _, mp := range all {
 		if filepath.Dir(mp) == dir {
 			out = append(out, mp)
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("reading the mount table: %w", err)
-	}
 	return out, nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space, ...).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // nsFiles lists the namespace files in dir: the empty regular files a

@@ -1,7 +1,6 @@
 package container
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -282,7 +281,7 @@ func (p *provider) Recover(ctx context.Context, keep []kit.Kept) ([]kit.Recovere
 
 	// A put_file in flight when its container was killed left its
 	// temporary file in a persistent workspace.
-	if err := removePutTemps(ctx, p.perDir); err != nil {
+	if err := oscmd.RemoveTemps(ctx, p.perDir, putTempPrefix, nil); err != nil {
 		p.log.Warn("container: cannot remove interrupted put_file temporaries from the persistent workspaces", "err", err)
 	}
 
@@ -438,45 +437,17 @@ func isMounted(set map[string]bool, path string) bool {
 	return err == nil && set[real]
 }
 
-// mountPoints reads the mount points of a mountinfo file.
+// mountPoints reads the mount points of a mountinfo file, as a set.
 func mountPoints(mountinfo string) (map[string]bool, error) {
-	f, err := os.Open(mountinfo)
+	all, err := oscmd.MountPoints(mountinfo)
 	if err != nil {
-		return nil, fmt.Errorf("reading the mount table: %w", err)
+		return nil, err
 	}
-	defer f.Close()
-	set := map[string]bool{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		// id parent major:minor root mountpoint options ...
-		if fields := strings.Fields(sc.Text()); len(fields) >= 5 {
-			set[unescapeMount(fields[4])] = true
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("reading the mount table: %w", err)
+	set := make(map[string]bool, len(all))
+	for _, mp := range all {
+		set[mp] = true
 	}
 	return set, nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space, ...).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // removeLeft removes session id, whose bundle an earlier run left in the
@@ -742,29 +713,4 @@ func checkInit(pid int, id string) error {
 		}
 	}
 	return fmt.Errorf("process %d, named by its pid file, is not in its cgroup %s (the pid was reused)", pid, want)
-}
-
-// removePutTemps removes the agent's put_file temporaries (.tai42-put-*)
-// anywhere below dir, without following symlinks: what puts in flight
-// when their container was killed left.
-func removePutTemps(ctx context.Context, dir string) error {
-	var errs []error
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if !errors.Is(err, fs.ErrNotExist) {
-				errs = append(errs, err)
-			}
-			return nil
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if d.Type().IsRegular() && strings.HasPrefix(d.Name(), putTempPrefix) {
-			if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				errs = append(errs, err)
-			}
-		}
-		return nil
-	})
-	return errors.Join(append(errs, err)...)
 }

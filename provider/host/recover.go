@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -214,28 +213,10 @@ func (p *provider) reattach(ctx context.Context, k kit.Kept, lock *sessionlock.L
 
 // removePutTemps removes the temporary files of put_file calls that an
 // earlier run did not finish, anywhere below dir, without following
-// symlinks. Only Recover calls it, before any put of this run.
+// symlinks, but for those of a writer alive now (another process sharing
+// the state directory). Only Recover calls it, before any put of this run.
 func (p *provider) removePutTemps(ctx context.Context, dir string) error {
-	var errs []error
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if path == dir && errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			errs = append(errs, err)
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if d.Type().IsRegular() && strings.HasPrefix(d.Name(), putTempPrefix) && !writerAlive(d.Name()) {
-			if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				errs = append(errs, err)
-			}
-		}
-		return nil
-	})
-	return errors.Join(append(errs, err)...)
+	return oscmd.RemoveTemps(ctx, dir, putTempPrefix, func(name string) bool { return !writerAlive(name) })
 }
 
 // writerAlive reports whether the put_file temporary name was made by a

@@ -227,7 +227,7 @@ func (r *resources) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) 
 		return fail("cannot move the new file into place", err)
 	}
 	if durable {
-		if err := r.syncDirs(dir, newDirs); err != nil {
+		if err := oscmd.SyncDirs(r.root.Open, dir, newDirs); err != nil {
 			return fail("the new file is in place but its directory could not be flushed to disk", err)
 		}
 	}
@@ -237,24 +237,6 @@ func (r *resources) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) 
 func (r *resources) dirExists(dir string) bool {
 	fi, err := r.root.Stat(dir)
 	return err == nil && fi.IsDir()
-}
-
-// syncDirs flushes the directory dir (workspace-relative) to disk, so the
-// rename into it survives a crash; with ancestors, also every directory
-// above it up to the workspace, some of which it may have created.
-func (r *resources) syncDirs(dir string, ancestors bool) error {
-	for {
-		d, err := r.root.Open(dir)
-		if err != nil {
-			return err
-		}
-		err = d.Sync()
-		d.Close()
-		if err != nil || !ancestors || dir == "." {
-			return err
-		}
-		dir = filepath.Dir(dir)
-	}
 }
 
 // GetFile reads a regular file. Only a path where nothing exists is a
