@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/provider/container"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -323,29 +324,10 @@ func readMountinfo() ([]mountEntry, error) {
 		if sep < 5 || sep+3 >= len(fields) {
 			continue
 		}
-		out = append(out, mountEntry{root: unescapeMount(fields[3]), point: unescapeMount(fields[4]),
+		out = append(out, mountEntry{root: oscmd.UnescapeMount(fields[3]), point: oscmd.UnescapeMount(fields[4]),
 			fstype: fields[sep+1], superOpts: fields[sep+3]})
 	}
 	return out, sc.Err()
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // procEntry is a live (not zombie) process.

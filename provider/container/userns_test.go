@@ -24,6 +24,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/containersuite"
+	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/container"
 )
@@ -676,32 +677,13 @@ func unsMountsUnder(t testing.TB, dir string) []string {
 			if len(f) < 5 {
 				continue
 			}
-			mp := unescapeMountPath(f[4])
+			mp := oscmd.UnescapeMount(f[4])
 			if (mp == dir || strings.HasPrefix(mp, dir+"/")) && !slices.Contains(out, mp) {
 				out = append(out, mp)
 			}
 		}
 	}
 	return out
-}
-
-// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // BenchmarkUserNamespaceCreateExec measures a session's create to the end
