@@ -35,11 +35,42 @@ func serveHost(t *testing.T, cfg sandboxtest.Config) string {
 // served by the daemon's HTTP API, through the client: every clause holds
 // over the wire. Options are the host runner's (hostsuite.Options).
 func TestConformance(t *testing.T) {
+	opts := hostsuite.Options(t)
+	opts.Restartable = restartableOverAPI
 	sandboxtest.Run(t, func(t *testing.T, cfg sandboxtest.Config) sandbox.Sandbox {
 		c := client.New(serveHost(t, cfg), conformanceToken)
 		t.Cleanup(func() { c.Close() })
 		return c
-	}, hostsuite.Options(t))
+	}, opts)
+}
+
+// restartableOverAPI is the suite's Options.Restartable through the API:
+// a daemon (server + host runner) and a client of it; the restart stops
+// that daemon (for a crash, its connections cut and its sandbox abandoned)
+// and serves a new host runner on the same state, to a new client.
+func restartableOverAPI(t *testing.T, cfg sandboxtest.Config) (sandbox.Sandbox, func(crash bool) sandbox.Sandbox) {
+	serve := func(sb sandbox.Sandbox) (*client.Client, *httptest.Server) {
+		srv, err := server.New(sb, server.Options{Token: conformanceToken, Policy: cfg.Policy, Provider: host.Name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := httptest.NewServer(srv)
+		t.Cleanup(ts.Close)
+		c := client.New(ts.URL, conformanceToken)
+		t.Cleanup(func() { c.Close() })
+		return c, ts
+	}
+	sb, again := hostsuite.Restartable(t, cfg)
+	c, ts := serve(sb)
+	return c, func(crash bool) sandbox.Sandbox {
+		c.Close()
+		if crash {
+			ts.CloseClientConnections()
+		}
+		ts.Close()
+		next, _ := serve(again(crash))
+		return next
+	}
 }
 
 // Over the wire, Kill returns promptly while the handle's output queue is

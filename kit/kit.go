@@ -181,6 +181,38 @@ func (s *Sandbox) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// Abandoner is an optional interface of a [Provider]: Abandon lets go of
+// what the provider holds in this process (locks, handles, threads) as
+// the process's death would, and touches no session. See [Sandbox.Abandon].
+type Abandoner interface {
+	Abandon()
+}
+
+// Abandon leaves the sandbox as a process killed with SIGKILL would: the
+// reaper stops, the provider lets go of what it holds in this process
+// ([Abandoner]), the ledger is closed, and no session is destroyed: its
+// resources stay on the machine for a sandbox made next on the same state
+// to bring back. It is for tests of recovery in one process; the sandbox
+// must not be used afterwards (Close is then a no-op).
+func (s *Sandbox) Abandon() {
+	s.mu.Lock()
+	s.closed = true
+	clear(s.sessions)
+	clear(s.keys)
+	s.mu.Unlock()
+	if s.stopReaper != nil {
+		s.stopReaper()
+		<-s.reaperDone
+		s.stopReaper = nil
+	}
+	s.closeOnce.Do(func() {
+		if a, ok := s.prov.(Abandoner); ok {
+			a.Abandon()
+		}
+		_ = s.ledger.Close()
+	})
+}
+
 // CreateSession implements [sandbox.Sandbox]: validation, then the policy
 // rules, then what the provider can enforce, then the persistent key.
 func (s *Sandbox) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (sandbox.Session, error) {

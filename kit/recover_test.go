@@ -330,3 +330,39 @@ func TestRecoveryFailureFailsNew(t *testing.T) {
 		t.Fatal("the ledger was left open")
 	}
 }
+
+type abandonProvider struct {
+	recProvider
+	abandoned bool
+}
+
+func (a *abandonProvider) Abandon() { a.abandoned = true }
+
+// TestAbandon: as a SIGKILL would leave it: nothing destroyed, the
+// provider told to let go, the ledger closed with the session still live
+// in it; a later Close does nothing.
+func TestAbandon(t *testing.T) {
+	l := newLogLedger()
+	f := &abandonProvider{recProvider: recProvider{fakeProvider: fakeProvider{iso: "none"}}}
+	sb, err := kit.New(f, kit.Options{Policy: open, ReapInterval: 10 * time.Millisecond, Ledger: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := sb.CreateSession(context.Background(), spec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.Abandon()
+	if err := sb.Close(context.Background()); err != nil {
+		t.Fatalf("Close after Abandon: %v", err)
+	}
+	if f.destroyed.Load() != 0 || !f.abandoned || !l.closed {
+		t.Fatalf("destroyed %d, provider abandoned %v, ledger closed %v; want 0, true, true", f.destroyed.Load(), f.abandoned, l.closed)
+	}
+	if r, ok := l.get(t, s.ID()); !ok || r.State != kit.StateLive {
+		t.Fatalf("the abandoned session's record: %+v %v; want it live", r, ok)
+	}
+	if _, err := sb.CreateSession(context.Background(), spec()); err == nil {
+		t.Fatal("a create on an abandoned sandbox succeeded")
+	}
+}

@@ -34,8 +34,10 @@
 //	}
 //
 // Run runs one named subtest per clause of the contract, grouped as
-// Sandbox/..., Spec/..., Session/..., Durability/..., Exec/..., ExecStart/...
-// and Files/... (for example Exec/Timeout or ExecStart/KillDuringRun), so
+// Sandbox/..., Spec/..., Session/..., Durability/..., Exec/..., ExecStart/...,
+// Files/..., FileStream/... and Restart/... (the last needs
+// [Options.Restartable]: a persistent workspace survives a restart, and
+// live sessions survive the death of the sandbox's process) (for example Exec/Timeout or ExecStart/KillDuringRun), so
 // that go test -run selects one clause. Clauses run in parallel, each on its
 // own Sandbox from the factory; run the suite under -race. A clause that does
 // not apply to the provider's Options is skipped with the reason. The clauses

@@ -49,6 +49,14 @@ type Options struct {
 	// KillStopsLeftovers is the documented behaviour that Kill on a handle
 	// whose command already exited also ends the processes it left running.
 	KillStopsLeftovers bool
+	// Restartable, when set, makes a fresh sandbox for cfg as the Factory
+	// does, and a function that starts it again on the same state, as a
+	// daemon started again would see it: after the sandbox was closed
+	// (crash false), or after its process died without closing it (crash
+	// true: the sandbox is abandoned, e.g. with kit.Sandbox.Abandon, and
+	// its live sessions must come back). Both register their sandboxes'
+	// cleanup. nil: the restart clauses skip.
+	Restartable func(t *testing.T, cfg Config) (sb sandbox.Sandbox, restart func(crash bool) sandbox.Sandbox)
 }
 
 // permissive is the policy of every clause but the policy-rule ones.
@@ -100,6 +108,7 @@ func Run(t *testing.T, newSandbox Factory, opts Options) {
 		{"ExecStart", s.streamClauses()},
 		{"Files", s.fileClauses()},
 		{"FileStream", s.fileStreamClauses()},
+		{"Restart", s.restartClauses()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/tai42/sandbox"
@@ -23,6 +24,7 @@ import (
 	"github.com/tai42/sandbox/internal/sessnet"
 	"github.com/tai42/sandbox/internal/testimage"
 	"github.com/tai42/sandbox/kit"
+	"github.com/tai42/sandbox/ledger"
 	"github.com/tai42/sandbox/provider/container"
 	"github.com/tai42/sandbox/sandboxtest"
 )
@@ -146,6 +148,62 @@ func New(t testing.TB, opts container.Options) *kit.Sandbox {
 		}
 	})
 	return sb
+}
+
+// restartSeq numbers the network managers of Restartable's sandboxes.
+var restartSeq atomic.Uint32
+
+// Restartable is the suite's Options.Restartable for runtime rt: a
+// provider as Options and New make, but with a durable ledger and a network
+// manager of its own (a prefix and subnets of this process and sandbox),
+// since a shared one cannot hand a network back; and a restart that opens
+// a new provider on its state directory after closing it or, for a crash,
+// abandoning it (kit.Sandbox.Abandon: its containers, mounts, cgroups and
+// networks stay, as after a SIGKILL).
+func Restartable(rt string) func(t *testing.T, cfg sandboxtest.Config) (sandbox.Sandbox, func(crash bool) sandbox.Sandbox) {
+	return func(t *testing.T, cfg sandboxtest.Config) (sandbox.Sandbox, func(crash bool) sandbox.Sandbox) {
+		t.Helper()
+		opts := Options(t, rt, cfg.Policy)
+		opts.ReapInterval = cfg.ReapInterval
+		n := restartSeq.Add(1)
+		k := byte(os.Getpid() % 250)
+		opts.Network = nil
+		opts.NetPrefix = fmt.Sprintf("r%03x%d", os.Getpid()%0xfff, n%10)
+		opts.InternalSubnet = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, k, byte(n%32) * 4}), 30)
+		opts.EgressSubnet = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, k, byte(n%32)*4 + 128}), 30)
+		openOne := func() *kit.Sandbox {
+			dir := filepath.Join(opts.StateDir, container.Name)
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			l, err := ledger.Open(filepath.Join(dir, ledger.FileName))
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := opts
+			o.Ledger = l
+			sb, err := container.New(o)
+			if err != nil {
+				l.Close()
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := sb.Close(context.Background()); err != nil {
+					t.Errorf("closing the container sandbox: %v", err)
+				}
+			})
+			return sb
+		}
+		sb := openOne()
+		return sb, func(crash bool) sandbox.Sandbox {
+			if crash {
+				sb.Abandon()
+			} else if err := sb.Close(context.Background()); err != nil {
+				t.Fatalf("closing the sandbox before its restart: %v", err)
+			}
+			return openOne()
+		}
+	}
 }
 
 // SuiteOptions are the conformance suite's options for image.

@@ -7,10 +7,12 @@ package hostsuite
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/kit"
+	"github.com/tai42/sandbox/ledger"
 	"github.com/tai42/sandbox/provider/host"
 	"github.com/tai42/sandbox/sandboxtest"
 )
@@ -37,12 +39,43 @@ func Options(t testing.TB) sandboxtest.Options {
 }
 
 // New builds a host runner with cfg's policy and reap interval in a
-// temporary state directory; it is closed (every session destroyed) at
-// cleanup.
+// temporary state directory, with a durable ledger there; it is closed
+// (every session destroyed) at cleanup.
 func New(t testing.TB, cfg sandboxtest.Config) *kit.Sandbox {
 	t.Helper()
-	sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: cfg.Policy, ReapInterval: cfg.ReapInterval})
+	return open(t, cfg, t.TempDir())
+}
+
+// Restartable is the suite's Options.Restartable: New's sandbox, and a
+// restart that opens a new host runner on its state directory after
+// closing it or, for a crash, abandoning it (kit.Sandbox.Abandon: its
+// sessions' processes and directories stay, as after a SIGKILL).
+func Restartable(t *testing.T, cfg sandboxtest.Config) (sandbox.Sandbox, func(crash bool) sandbox.Sandbox) {
+	t.Helper()
+	dir := t.TempDir()
+	sb := open(t, cfg, dir)
+	return sb, func(crash bool) sandbox.Sandbox {
+		if crash {
+			sb.Abandon()
+		} else if err := sb.Close(context.Background()); err != nil {
+			t.Fatalf("closing the sandbox before its restart: %v", err)
+		}
+		return open(t, cfg, dir)
+	}
+}
+
+func open(t testing.TB, cfg sandboxtest.Config, dir string) *kit.Sandbox {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Join(dir, host.Name), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	l, err := ledger.Open(filepath.Join(dir, host.Name, ledger.FileName))
 	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := host.New(host.Options{StateDir: dir, Policy: cfg.Policy, ReapInterval: cfg.ReapInterval, Ledger: l})
+	if err != nil {
+		l.Close()
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

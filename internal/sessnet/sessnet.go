@@ -578,6 +578,26 @@ func (m *Manager) Close() error {
 
 // release closes the Manager's sockets and pool, leaving whatever is on the
 // machine as it is (which is all a crash leaves).
+// Abandon lets go of what the Manager holds in this process (its sockets
+// and the namespaces made ahead) as the process's death would, and tears
+// nothing down: the sessions' networks, the bridges and the table stay for
+// a Manager made next with Config.Keep. Setup fails from then on, and
+// Close does nothing. For tests of recovery in one process.
+func (m *Manager) Abandon() {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	m.inflight.Wait()
+	m.closeMu.Lock()
+	defer m.closeMu.Unlock()
+	m.mu.Lock()
+	done := m.released
+	m.mu.Unlock()
+	if !done {
+		m.release()
+	}
+}
+
 func (m *Manager) release() {
 	m.pool.close()
 	m.mu.Lock()

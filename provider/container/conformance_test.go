@@ -21,11 +21,13 @@ func TestConformance(t *testing.T) {
 				if !containersuite.HasRuntime(rt) {
 					t.Skipf("%s is not installed (apt-get install -y %s)", rt, rt)
 				}
+				so := containersuite.SuiteOptions(image)
+				so.Restartable = containersuite.Restartable(rt)
 				sandboxtest.Run(t, func(t *testing.T, c sandboxtest.Config) sandbox.Sandbox {
 					opts := containersuite.Options(t, rt, c.Policy)
 					opts.ReapInterval = c.ReapInterval
 					return containersuite.New(t, opts)
-				}, containersuite.SuiteOptions(image))
+				}, so)
 			})
 		}
 	}

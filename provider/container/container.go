@@ -347,6 +347,27 @@ func (p *provider) Close() error {
 	return errors.Join(errs...)
 }
 
+// Abandon implements kit.Abandoner: it lets go of what the provider holds
+// in this process, as the process's death would, and touches no session:
+// the OCI runtime's mount namespace (crun's, on a host with hybrid cgroups:
+// its thread ends, and with it the mounts made there), the user namespace
+// handle, the network manager's sockets and made-ahead namespaces (its
+// networks stay), and the sessions' locks.
+func (p *provider) Abandon() {
+	p.closeOne.Do(func() {
+		if p.rt != nil {
+			p.rt.close()
+		}
+		if p.userns != nil {
+			p.userns.Close()
+		}
+		if p.net != nil && p.ownNet {
+			p.net.Abandon()
+		}
+		p.locks.Abandon()
+	})
+}
+
 func (p *provider) Name() string                 { return Name }
 func (p *provider) Isolation() sandbox.Isolation { return sandbox.IsolationContainer }
 func (p *provider) SharedFilesystem() bool       { return false }

@@ -31,16 +31,7 @@ func NewBare(opts Options) (Bare, error) { return newProvider(opts) }
 // and the agents' connections of execs still running (none should be).
 // A test takes its descriptor and goroutine baseline after Crash.
 func Crash(sb *kit.Sandbox) {
-	p := sb.Provider().(*provider)
-	p.closeOne.Do(func() {
-		if p.rt != nil {
-			p.rt.close()
-		}
-		if p.userns != nil {
-			p.userns.Close()
-		}
-		p.locks.Abandon()
-	})
+	sb.Provider().(*provider).Abandon()
 }
 
 // RemoveByHand removes container id from runtime kind's state under the

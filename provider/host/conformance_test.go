@@ -12,7 +12,9 @@ import (
 // Network "none" and caps need root; as another user the suite checks that
 // they are rejected instead (hostsuite.Options).
 func TestConformance(t *testing.T) {
+	opts := hostsuite.Options(t)
+	opts.Restartable = hostsuite.Restartable
 	sandboxtest.Run(t, func(t *testing.T, c sandboxtest.Config) sandbox.Sandbox {
 		return hostsuite.New(t, c)
-	}, hostsuite.Options(t))
+	}, opts)
 }

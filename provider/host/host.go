@@ -206,6 +206,14 @@ func (p *provider) log() *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
+// Abandon implements kit.Abandoner: the sessions' locks go (as with the
+// process's death) and what Close releases is released; sessions are left
+// running.
+func (p *provider) Abandon() {
+	p.locks.Abandon()
+	_ = p.Close()
+}
+
 func (p *provider) Name() string                 { return Name }
 func (p *provider) Isolation() sandbox.Isolation { return sandbox.IsolationNone }
 func (p *provider) SharedFilesystem() bool       { return true }
