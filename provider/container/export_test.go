@@ -19,17 +19,16 @@ type Bare interface {
 func NewBare(opts Options) (Bare, error) { return newProvider(opts) }
 
 // Crash lets go of what the provider of sb holds in this process, as the
-// process's death would, and touches no session: the OCI runtime's mount
-// namespace (crun's, on a host with hybrid cgroups: its thread ends, and
-// with it the mounts made there), the user namespace handle and the
-// sessions' locks. sb must
-// not be used, nor closed, afterwards.
+// process's death would, and touches no session (the provider's Abandon):
+// the OCI runtime's mount namespace (crun's, on a host with hybrid cgroups:
+// its thread ends, and with it the mounts made there), the user namespace
+// handle, its own network manager's sockets and made-ahead namespaces, and
+// the sessions' locks. sb must not be used, nor closed, afterwards.
 //
-// Some of what a dead process would lose stays: the network manager's
-// sockets and made-ahead namespaces (sessnet cannot let go of them without
-// tearing its networks down), the sessions' directory handles and pidfds,
-// and the agents' connections of execs still running (none should be).
-// A test takes its descriptor and goroutine baseline after Crash.
+// Some of what a dead process would lose stays: the sessions' directory
+// handles and pidfds, and the agents' connections of execs still running
+// (none should be). A test takes its descriptor and goroutine baseline
+// after Crash.
 func Crash(sb *kit.Sandbox) {
 	sb.Provider().(*provider).Abandon()
 }
