@@ -74,12 +74,25 @@ type Sandbox struct {
 var _ sandbox.Sandbox = (*Sandbox)(nil)
 
 // New wraps prov into a sandbox enforcing opts.Policy, recovers what the
-// ledger holds (see [Recoverer]) and starts its reaper. When recovery
-// fails, New fails and closes the ledger; the provider stays the caller's.
-func New(prov Provider, opts Options) (*Sandbox, error) {
+// ledger holds (see [Recoverer]) and starts its reaper. The sandbox owns
+// prov and opts.Ledger from here on: when New fails it closes both (prov
+// if it is an io.Closer), so a provider's constructor can return New's
+// result as it is.
+func New(prov Provider, opts Options) (_ *Sandbox, err error) {
 	if prov == nil {
 		return nil, errors.New("kit: a provider is required")
 	}
+	defer func() {
+		if err == nil {
+			return
+		}
+		if c, ok := prov.(io.Closer); ok {
+			c.Close()
+		}
+		if opts.Ledger != nil {
+			opts.Ledger.Close()
+		}
+	}()
 	if err := opts.Policy.Validate(); err != nil {
 		return nil, fmt.Errorf("kit: %w", err)
 	}
@@ -110,7 +123,6 @@ func New(prov Provider, opts Options) (*Sandbox, error) {
 		s.ledger = NewMemoryLedger()
 	}
 	if err := s.recover(context.Background()); err != nil {
-		s.ledger.Close()
 		return nil, err
 	}
 	if s.reapIv > 0 {

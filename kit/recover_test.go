@@ -318,16 +318,23 @@ func TestRecoveryAlwaysSweeps(t *testing.T) {
 	}
 }
 
+type closingProvider struct {
+	recProvider
+	closed bool
+}
+
+func (c *closingProvider) Close() error { c.closed = true; return nil }
+
 // TestRecoveryFailureFailsNew: a sweep that fails fails New, which closes
-// the ledger.
+// the ledger and the provider.
 func TestRecoveryFailureFailsNew(t *testing.T) {
 	l := newLogLedger()
-	f := &recProvider{fakeProvider: fakeProvider{iso: "none"}, sweepErr: errors.New("cannot unmount")}
+	f := &closingProvider{recProvider: recProvider{fakeProvider: fakeProvider{iso: "none"}, sweepErr: errors.New("cannot unmount")}}
 	if _, err := kit.New(f, kit.Options{Policy: open, ReapInterval: -1, Ledger: l}); err == nil {
 		t.Fatal("New succeeded with a failing sweep")
 	}
-	if !l.closed {
-		t.Fatal("the ledger was left open")
+	if !l.closed || !f.closed {
+		t.Fatalf("ledger closed %v, provider closed %v; want both", l.closed, f.closed)
 	}
 }
 

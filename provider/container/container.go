@@ -193,18 +193,13 @@ func New(opts Options) (*kit.Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	sb, err := kit.New(p, kit.Options{
+	return kit.New(p, kit.Options{
 		Policy:             opts.Policy,
 		ExecDefaultTimeout: opts.ExecDefaultTimeout,
 		ReapInterval:       opts.ReapInterval,
 		Logger:             opts.Logger,
 		Ledger:             opts.Ledger,
 	})
-	if err != nil {
-		p.Close()
-		return nil, err
-	}
-	return sb, nil
 }
 
 type provider struct {
