@@ -35,7 +35,8 @@
 //
 // Run runs one named subtest per clause of the contract, grouped as
 // Sandbox/..., Spec/..., Session/..., Durability/..., Exec/..., ExecStart/...,
-// Files/..., FileStream/... and Restart/... (the last needs
+// Files/..., FileStream/..., Workspaces/... (for a sandbox that is a
+// [sandbox.WorkspaceManager]) and Restart/... (the last needs
 // [Options.Restartable]: a persistent workspace survives a restart, and
 // live sessions survive the death of the sandbox's process) (for example Exec/Timeout or ExecStart/KillDuringRun), so
 // that go test -run selects one clause. Clauses run in parallel, each on its

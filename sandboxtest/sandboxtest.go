@@ -109,6 +109,7 @@ func Run(t *testing.T, newSandbox Factory, opts Options) {
 		{"Files", s.fileClauses()},
 		{"FileStream", s.fileStreamClauses()},
 		{"Restart", s.restartClauses()},
+		{"Workspaces", s.workspaceClauses()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
