@@ -364,6 +364,9 @@ var oaWireTypes = map[string]reflect.Type{
 	"Policy":        reflect.TypeFor[sandbox.Policy](),
 	"WorkspaceList": reflect.TypeFor[WorkspaceList](),
 	"WorkspaceInfo": reflect.TypeFor[sandbox.WorkspaceInfo](),
+	"PolicyInfo":    reflect.TypeFor[PolicyInfo](),
+	"EgressFences":  reflect.TypeFor[EgressFences](),
+	"DiskCap":       reflect.TypeFor[DiskCap](),
 }
 
 // oaEnums are the enum schemas and the contract's values of each.

@@ -101,6 +101,57 @@ type SandboxInfo struct {
 	Version                   string         `json:"version"`
 }
 
+// PolicyInfo is the body of GET /v1/policy: the contract's policy, and
+// what the provider enforces beyond it, where the daemon knows.
+type PolicyInfo struct {
+	sandbox.Policy
+	// EgressFences are the fences on network "egress"; nil when the daemon
+	// does not say.
+	EgressFences *EgressFences `json:"egress_fences,omitempty"`
+	// Disk is the disk cap per session; nil when the daemon does not say.
+	Disk *DiskCap `json:"disk,omitempty"`
+}
+
+// EgressFences says where sessions with network "egress" may go.
+type EgressFences struct {
+	// Enforced is false where the provider cannot fence egress (the host
+	// runner: isolation "none" shares the host's network); the rest then
+	// lists nothing.
+	Enforced bool `json:"enforced"`
+	// Refused are the destinations always refused: CIDRs, and
+	// "host-networks" for every address and subnet of the host's own
+	// interfaces.
+	Refused []string `json:"refused"`
+	// Allow are the operator's exceptions (CIDRs), reachable although
+	// Refused or the domain allowlist would refuse them.
+	Allow []string `json:"allow"`
+	// Deny are the operator's denials (CIDRs).
+	Deny []string `json:"deny"`
+	// AllowDomains is the domain allowlist: when not empty, sessions reach
+	// only the addresses these names resolved to (and Allow).
+	AllowDomains []string `json:"allow_domains"`
+	// Resolver is the address sessions resolve names through (their
+	// /etc/resolv.conf), and Upstreams where it forwards.
+	Resolver  string   `json:"resolver"`
+	Upstreams []string `json:"upstreams"`
+}
+
+// DiskCap is the disk cap per session.
+type DiskCap struct {
+	// Enforced is false where no cap applies (turned off, or a provider
+	// without one); the figures are then zero.
+	Enforced bool `json:"enforced"`
+	// MB is each session's cap in MiB: its root's writes, /tmp and
+	// ephemeral workspace together; a persistent workspace has a cap of
+	// this size of its own.
+	MB int `json:"mb"`
+	// Inodes is the most files a session's disk holds.
+	Inodes int64 `json:"inodes"`
+	// ReserveMB: creates are refused while the state directory's
+	// filesystem has less free.
+	ReserveMB int `json:"reserve_mb"`
+}
+
 // Health is the body of GET /healthz.
 type Health struct {
 	Status string `json:"status"`

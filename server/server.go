@@ -67,6 +67,10 @@ type Options struct {
 	// Policy() method (as a kit-built sandbox does); a policy that differs
 	// from the sandbox's own is refused by New.
 	Policy sandbox.Policy
+	// EgressFences and Disk are what the provider enforces beyond the
+	// policy, reported by GET /v1/policy beside it; nil leaves them out.
+	EgressFences *api.EgressFences
+	Disk         *api.DiskCap
 	// Provider is the provider's name, reported by GET /v1/sandbox.
 	Provider string
 	// Version is reported by GET /v1/sandbox.
@@ -95,6 +99,8 @@ type Server struct {
 	sb       sandbox.Sandbox
 	token    string
 	policy   sandbox.Policy
+	fences   *api.EgressFences
+	disk     *api.DiskCap
 	provider string
 	version  string
 	maxBody  int64
@@ -148,6 +154,8 @@ func New(sb sandbox.Sandbox, opts Options) (*Server, error) {
 		sb:       sb,
 		token:    opts.Token,
 		policy:   policy,
+		fences:   opts.EgressFences,
+		disk:     opts.Disk,
 		provider: opts.Provider,
 		version:  opts.Version,
 		maxBody:  opts.MaxBodyBytes,
