@@ -162,8 +162,21 @@ func (s *Server) exchange(ctx context.Context, m *dns.Msg, addr string, tcp bool
 func (s *Server) try(ctx context.Context, c *dns.Client, m *dns.Msg, addr string) (*dns.Msg, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	resp, _, err := c.ExchangeContext(ctx, m, addr)
+	conn, err := c.DialContext(ctx, addr)
 	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", c.Net, addr, err)
+	}
+	defer conn.Close()
+	// miekg/dns takes only ctx's deadline; a cancel (Close) must end the
+	// exchange too. Closing, not a deadline, which the exchange would
+	// overwrite were the cancel to come before it sets its own.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	resp, _, err := c.ExchangeWithConnContext(ctx, m, conn)
+	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+		}
 		return nil, fmt.Errorf("%s %s: %w", c.Net, addr, err)
 	}
 	// miekg/dns matches the ID only; an answer to another question is no
