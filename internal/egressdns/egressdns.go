@@ -78,8 +78,8 @@ type Config struct {
 	// made right after the answer finds its address allowed; an error from
 	// it turns the answer into SERVFAIL (the session never gets an address
 	// it would then be refused). Called from many goroutines at once; its
-	// ctx is cancelled by Close. Nil: names are filtered, addresses are not
-	// reported.
+	// ctx ends after Timeout, or at Close. Nil: names are filtered,
+	// addresses are not reported.
 	OnAnswer func(ctx context.Context, addrs []netip.Addr, ttl time.Duration) error
 
 	// MinTTL and Grace shape the TTL given to OnAnswer (defaults
@@ -87,7 +87,8 @@ type Config struct {
 	MinTTL, Grace time.Duration
 
 	// Timeout bounds each exchange with one upstream (default
-	// DefaultTimeout); past it the next upstream is tried.
+	// DefaultTimeout; past it the next upstream is tried), and each call
+	// of OnAnswer.
 	Timeout time.Duration
 
 	// MaxInFlight caps the queries being answered at once, and the TCP
@@ -147,6 +148,9 @@ func New(cfg Config) (*Server, error) {
 	if !cfg.Listen.IsValid() {
 		return nil, errors.New("egressdns: Config.Listen is not set: give the address to serve on (port 0 picks one)")
 	}
+	if cfg.Grace < 0 || cfg.MinTTL < 0 || cfg.Timeout < 0 || cfg.MaxInFlight < 0 {
+		return nil, fmt.Errorf("egressdns: MinTTL (%v), Grace (%v), Timeout (%v) and MaxInFlight (%d) must not be negative", cfg.MinTTL, cfg.Grace, cfg.Timeout, cfg.MaxInFlight)
+	}
 	allow, err := newAllowlist(cfg.Allow)
 	if err != nil {
 		return nil, err
@@ -158,9 +162,6 @@ func New(cfg Config) (*Server, error) {
 		grace:    orDefault(cfg.Grace, DefaultGrace),
 		timeout:  orDefault(cfg.Timeout, DefaultTimeout),
 		log:      cfg.Logger,
-	}
-	if cfg.Grace < 0 || cfg.MinTTL < 0 || cfg.Timeout < 0 || cfg.MaxInFlight < 0 {
-		return nil, fmt.Errorf("egressdns: MinTTL (%v), Grace (%v), Timeout (%v) and MaxInFlight (%d) must not be negative", cfg.MinTTL, cfg.Grace, cfg.Timeout, cfg.MaxInFlight)
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -193,9 +194,9 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.addr = netip.AddrPortFrom(cfg.Listen.Addr(), uint16(ln.Addr().(*net.TCPAddr).Port))
+	s.addr = ln.Addr().(*net.TCPAddr).AddrPort()
 	for _, u := range ups {
-		if u == s.addr || u.Addr().Unmap() == s.addr.Addr().Unmap() && u.Port() == s.addr.Port() {
+		if u.Addr().Unmap() == s.addr.Addr() && u.Port() == s.addr.Port() {
 			pc.Close()
 			ln.Close()
 			return nil, fmt.Errorf("egressdns: upstream resolver %s is this server's own address: queries would loop", u)

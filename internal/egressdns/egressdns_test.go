@@ -1,6 +1,7 @@
 package egressdns
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/netip"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"go.uber.org/goleak"
 )
 
 func TestAllowedNameResolves(t *testing.T) {
@@ -259,6 +261,49 @@ func TestOnAnswerErrorIsServfail(t *testing.T) {
 	}
 }
 
+func TestOnAnswerBeforeTheAnswerIsSent(t *testing.T) {
+	up := newUpstream(t, false)
+	entered, gate := make(chan struct{}), make(chan struct{})
+	hold := func(context.Context, []netip.Addr, time.Duration) error {
+		close(entered)
+		<-gate
+		return nil
+	}
+	s := newResolver(t, up, Config{Allow: []string{"allowed.test"}, OnAnswer: hold})
+	answered := make(chan *dns.Msg, 1)
+	go func() {
+		m := new(dns.Msg)
+		m.SetQuestion("allowed.test.", dns.TypeA)
+		r, _ := exchange("udp", s.Addr(), m)
+		answered <- r
+	}()
+	<-entered
+	select {
+	case r := <-answered:
+		t.Fatalf("the answer %v came while OnAnswer had not returned", r)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(gate)
+	if r := <-answered; r == nil || len(r.Answer) != 1 {
+		t.Errorf("answer after OnAnswer returned: %v", r)
+	}
+}
+
+func TestOnAnswerHangingTimesOut(t *testing.T) {
+	up := newUpstream(t, false)
+	hang := func(ctx context.Context, _ []netip.Addr, _ time.Duration) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	s := newResolver(t, up, Config{Allow: []string{"allowed.test"}, OnAnswer: hang, Timeout: 200 * time.Millisecond})
+	if r := query(t, "udp", s.Addr(), "allowed.test.", dns.TypeA, 0); r.Rcode != dns.RcodeServerFailure || len(r.Answer) != 0 {
+		t.Fatalf("answer %s %v, want SERVFAIL once the hook's time is up", rcode(r), r.Answer)
+	}
+	if st := s.Stats(); st.HookFailures != 1 {
+		t.Errorf("Stats %+v, want 1 hook failure", st)
+	}
+}
+
 func TestNoFilterForwardsEverything(t *testing.T) {
 	up := newUpstream(t, false)
 	h := &hook{}
@@ -378,6 +423,7 @@ func TestConcurrencyCap(t *testing.T) {
 
 func TestCloseIdempotentAndReleases(t *testing.T) {
 	up := newUpstream(t, false)
+	before := goleak.IgnoreCurrent()
 	s, err := New(Config{Listen: netip.MustParseAddrPort("127.0.0.1:0"), Upstreams: []netip.AddrPort{up.addr}})
 	if err != nil {
 		t.Fatal(err)
@@ -412,6 +458,7 @@ func TestCloseIdempotentAndReleases(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
+	goleak.VerifyNone(t, before)
 	// Both sockets are gone: the address binds again.
 	pc, ln, err := listen(addr)
 	if err != nil {

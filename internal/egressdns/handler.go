@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/miekg/dns"
 )
@@ -57,7 +59,7 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		// The addresses of what is sent, after truncation: a client never
 		// has more to connect to.
 		if addrs, ttl := answerAddrs(q.Name, q.Qtype, resp.Answer); len(addrs) > 0 {
-			if err := s.onAnswer(s.ctx, addrs, keepFor(ttl, s.minTTL, s.grace)); err != nil {
+			if err := s.report(addrs, keepFor(ttl, s.minTTL, s.grace)); err != nil {
 				s.hookFailures.Add(1)
 				s.log.Debug("egressdns: allowing the addresses of an answer failed", "name", q.Name, "type", dns.Type(q.Qtype).String(), "err", err)
 				s.reply(w, r, dns.RcodeServerFailure, nil)
@@ -67,6 +69,14 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	}
 	s.forwarded.Add(1)
 	s.write(w, resp)
+}
+
+// report hands an answer's addresses to OnAnswer, within Timeout (a hook
+// that hangs must not hold the query's slot for ever).
+func (s *Server) report(addrs []netip.Addr, ttl time.Duration) error {
+	ctx, cancel := context.WithTimeout(s.ctx, s.timeout)
+	defer cancel()
+	return s.onAnswer(ctx, addrs, ttl)
 }
 
 // reply answers r with rcode and no records; with an OPT (carrying ede,
