@@ -194,7 +194,8 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.addr = ln.Addr().(*net.TCPAddr).AddrPort()
+	bound := ln.Addr().(*net.TCPAddr).AddrPort()
+	s.addr = netip.AddrPortFrom(bound.Addr().Unmap(), bound.Port())
 	for _, u := range ups {
 		if u.Addr().Unmap() == s.addr.Addr() && u.Port() == s.addr.Port() {
 			pc.Close()
