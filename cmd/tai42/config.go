@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/api"
+	"github.com/tai42/sandbox/internal/egressdns"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
 )
@@ -28,6 +30,8 @@ const (
 	defaultLogLevel       = "info"
 	defaultLogFormat      = "json"
 	defaultMaxOutputBytes = host.DefaultMaxOutputBytes
+	defaultDiskMB         = 10240
+	defaultDiskReserveMB  = 1024
 )
 
 // serveFlags are the settings of "tai42 serve" as its flags hold them;
@@ -55,6 +59,13 @@ type serveFlags struct {
 	policyScrub     bool
 	logLevel        string
 	logFormat       string
+	egressAllow     []string
+	egressDeny      []string
+	egressDomains   []string
+	egressDNS       []string
+	diskMB          int
+	diskInodes      int64
+	diskReserveMB   int
 }
 
 // addServeFlags registers the flags of "tai42 serve" on fl.
@@ -80,6 +91,13 @@ func addServeFlags(fl *pflag.FlagSet, f *serveFlags) {
 	fl.BoolVar(&f.policyScrub, "policy-scrub-transcript", defaultPolicy.ScrubTranscript, "policy: tell consumers to scrub transcripts (carried, not enforced here)")
 	fl.StringVar(&f.logLevel, "log-level", defaultLogLevel, "log level: debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", defaultLogFormat, "log format on stderr: json or text")
+	fl.StringSliceVar(&f.egressAllow, "egress-allow", nil, "egress fences: a `CIDR` egress sessions may reach although the fences refuse it (a private range, say); repeatable")
+	fl.StringSliceVar(&f.egressDeny, "egress-deny", nil, "egress fences: a `CIDR` egress sessions may not reach, on top of the private, link-local and host ranges always refused; repeatable")
+	fl.StringSliceVar(&f.egressDomains, "egress-allow-domain", nil, "egress fences: a `NAME` (or *.NAME for the names below it) egress sessions may resolve and reach; once set, they reach nothing else; repeatable")
+	fl.StringSliceVar(&f.egressDNS, "egress-dns", nil, "the upstream resolver (`IP` or IP:PORT) of the resolver egress sessions use (default: the host's, from /etc/resolv.conf); repeatable")
+	fl.IntVar(&f.diskMB, "disk-mb", defaultDiskMB, "the container provider's disk cap per session, in MiB: its root's writes, /tmp and workspace together (a persistent workspace has a cap of this size of its own); 0 turns the cap off")
+	fl.Int64Var(&f.diskInodes, "disk-inodes", 0, "the files a session's disk holds at most (default: one per 16 KiB of --disk-mb)")
+	fl.IntVar(&f.diskReserveMB, "disk-reserve-mb", defaultDiskReserveMB, "refuse creates while the state directory's filesystem has less than this free, in MiB")
 }
 
 // setting ties a flag of "tai42 serve" to its environment variable and
@@ -114,6 +132,13 @@ var serveSettings = []setting{
 	{"max-body-bytes", "TAI42_MAX_BODY_BYTES", "limits.max_body_bytes"},
 	{"max-output-bytes", "TAI42_MAX_OUTPUT_BYTES", "limits.max_output_bytes"},
 	{"shutdown-grace", "TAI42_SHUTDOWN_GRACE", "limits.shutdown_grace"},
+	{"egress-allow", "TAI42_EGRESS_ALLOW", "egress.allow"},
+	{"egress-deny", "TAI42_EGRESS_DENY", "egress.deny"},
+	{"egress-allow-domain", "TAI42_EGRESS_ALLOW_DOMAIN", "egress.allow_domains"},
+	{"egress-dns", "TAI42_EGRESS_DNS", "egress.dns"},
+	{"disk-mb", "TAI42_DISK_MB", "disk.mb"},
+	{"disk-inodes", "TAI42_DISK_INODES", "disk.inodes"},
+	{"disk-reserve-mb", "TAI42_DISK_RESERVE_MB", "disk.reserve_mb"},
 }
 
 // fileConfig is the layout of the config file. A nil field, or an empty
@@ -144,6 +169,17 @@ type fileConfig struct {
 		MaxOutputBytes *int64  `toml:"max_output_bytes"`
 		ShutdownGrace  *string `toml:"shutdown_grace"`
 	} `toml:"limits"`
+	Egress struct {
+		Allow        []string `toml:"allow"`
+		Deny         []string `toml:"deny"`
+		AllowDomains []string `toml:"allow_domains"`
+		DNS          []string `toml:"dns"`
+	} `toml:"egress"`
+	Disk struct {
+		MB        *int64 `toml:"mb"`
+		Inodes    *int64 `toml:"inodes"`
+		ReserveMB *int64 `toml:"reserve_mb"`
+	} `toml:"disk"`
 }
 
 // pathKeys are the config keys holding a path: a relative one is relative
@@ -164,7 +200,7 @@ func loadConfigFile(path string) (map[string]string, error) {
 		for i, k := range und {
 			keys[i] = k.String()
 		}
-		return nil, fmt.Errorf("config file %s: unknown key(s) %s (known: listen, state_dir, provider, runtime, net_prefix, token_file, exec_default_timeout, reap_interval, log_level, log_format, [tls] cert and key, [policy] egress, isolation, durable and scrub_transcript, [limits] max_body_bytes, max_output_bytes and shutdown_grace)",
+		return nil, fmt.Errorf("config file %s: unknown key(s) %s (known: listen, state_dir, provider, runtime, net_prefix, token_file, exec_default_timeout, reap_interval, log_level, log_format, [tls] cert and key, [policy] egress, isolation, durable and scrub_transcript, [limits] max_body_bytes, max_output_bytes and shutdown_grace, [egress] allow, deny, allow_domains and dns, [disk] mb, inodes and reserve_mb)",
 			path, strings.Join(keys, ", "))
 	}
 	out := map[string]string{}
@@ -193,7 +229,18 @@ func loadConfigFile(path string) (map[string]string, error) {
 			out[key] = strconv.FormatBool(*v)
 		}
 	}
-	for key, v := range map[string]*int64{"limits.max_body_bytes": fc.Limits.MaxBodyBytes, "limits.max_output_bytes": fc.Limits.MaxOutputBytes} {
+	for key, v := range map[string][]string{"egress.allow": fc.Egress.Allow, "egress.deny": fc.Egress.Deny, "egress.allow_domains": fc.Egress.AllowDomains, "egress.dns": fc.Egress.DNS} {
+		if len(v) > 0 {
+			for _, e := range v {
+				if strings.Contains(e, ",") {
+					return nil, fmt.Errorf("config file %s: %s: %q holds a comma, which no CIDR, address or domain name does", path, key, e)
+				}
+			}
+			out[key] = strings.Join(v, ",")
+		}
+	}
+	for key, v := range map[string]*int64{"limits.max_body_bytes": fc.Limits.MaxBodyBytes, "limits.max_output_bytes": fc.Limits.MaxOutputBytes,
+		"disk.mb": fc.Disk.MB, "disk.inodes": fc.Disk.Inodes, "disk.reserve_mb": fc.Disk.ReserveMB} {
 		if v != nil {
 			out[key] = strconv.FormatInt(*v, 10)
 		}
@@ -227,6 +274,29 @@ type serveConfig struct {
 	policy         sandbox.Policy
 	logLevel       slog.Level
 	logFormat      string
+	egress         egressConfig
+	disk           diskConfig
+}
+
+// egressConfig is the operator's egress fences: exceptions, denials, the
+// domain allowlist and the sessions' resolver's upstreams.
+type egressConfig struct {
+	allow, deny []netip.Prefix
+	domains     []string
+	dns         []netip.AddrPort
+}
+
+// given reports whether the operator asked for any fence of their own.
+func (e egressConfig) given() bool {
+	return len(e.allow)+len(e.deny)+len(e.domains)+len(e.dns) > 0
+}
+
+// diskConfig is the container provider's disk cap per session.
+type diskConfig struct {
+	mb        int   // 0: no cap
+	inodes    int64 // 0: the provider's default for mb
+	reserveMB int
+	explicit  bool // the cap was given (flag, variable or file), not defaulted
 }
 
 // resolveServeConfig resolves every setting of "tai42 serve": a flag given
@@ -275,6 +345,7 @@ func resolveServeConfig(fl *pflag.FlagSet, f *serveFlags, lookupEnv func(string)
 			level[s.flag] = fromFile
 		}
 	}
+	explicitDisk := level["disk-mb"] > fromDefault || level["disk-inodes"] > fromDefault
 	if f.token != "" && f.tokenFile != "" {
 		switch t, tf := level["token"], level["token-file"]; {
 		case t > tf:
@@ -285,7 +356,9 @@ func resolveServeConfig(fl *pflag.FlagSet, f *serveFlags, lookupEnv func(string)
 			return serveConfig{}, errors.New("both a token and a token file are given (--token and --token-file, or $TAI42_TOKEN and $TAI42_TOKEN_FILE): give one")
 		}
 	}
-	return f.validate(lookupEnv)
+	cfg, err := f.validate(lookupEnv)
+	cfg.disk.explicit = explicitDisk
+	return cfg, err
 }
 
 // envValue looks name up; an empty value, or no name, is unset.
@@ -352,12 +425,96 @@ func (f *serveFlags) validate(lookupEnv func(string) (string, bool)) (serveConfi
 	if err := cfg.policy.Validate(); err != nil {
 		return serveConfig{}, err
 	}
+	if cfg.egress, err = f.egressConfig(); err != nil {
+		return serveConfig{}, err
+	}
+	switch {
+	case f.diskMB < 0:
+		return serveConfig{}, fmt.Errorf("disk cap --disk-mb must be >= 0 (0 turns it off), got %d", f.diskMB)
+	case f.diskInodes < 0:
+		return serveConfig{}, fmt.Errorf("--disk-inodes must be >= 0 (0: one per 16 KiB of the cap), got %d", f.diskInodes)
+	case f.diskInodes > 0 && f.diskMB == 0:
+		return serveConfig{}, errors.New("--disk-inodes caps a session's disk, which --disk-mb 0 turns off: give a --disk-mb")
+	case f.diskReserveMB < 0:
+		return serveConfig{}, fmt.Errorf("--disk-reserve-mb must be >= 0, got %d", f.diskReserveMB)
+	}
+	cfg.disk = diskConfig{mb: f.diskMB, inodes: f.diskInodes, reserveMB: f.diskReserveMB}
 	if cfg.token != "" {
 		if err := validToken(cfg.token); err != nil {
 			return serveConfig{}, fmt.Errorf("the token from --token or $%s: %w", tokenEnv, err)
 		}
 	}
 	return cfg, nil
+}
+
+// egressConfig parses the egress fence settings; an error names the bad
+// value and its setting.
+func (f *serveFlags) egressConfig() (egressConfig, error) {
+	var e egressConfig
+	var err error
+	if e.allow, err = parsePrefixes("--egress-allow", f.egressAllow); err != nil {
+		return e, err
+	}
+	if e.deny, err = parsePrefixes("--egress-deny", f.egressDeny); err != nil {
+		return e, err
+	}
+	for _, d := range f.egressDomains {
+		if err := egressdns.ValidPattern(d); err != nil {
+			return e, fmt.Errorf("--egress-allow-domain %q: %w", d, err)
+		}
+		e.domains = append(e.domains, d)
+	}
+	for _, s := range f.egressDNS {
+		ap, err := parseResolver(s)
+		if err != nil {
+			return e, fmt.Errorf("--egress-dns %q: %w", s, err)
+		}
+		e.dns = append(e.dns, ap)
+	}
+	return e, nil
+}
+
+// parsePrefixes parses CIDRs (a bare address is its own /32 or /128).
+// Host bits set are refused, since "10.1.2.3/8" more likely means a typo
+// than 10.0.0.0/8.
+func parsePrefixes(setting string, vals []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, v := range vals {
+		v = strings.TrimSpace(v)
+		var p netip.Prefix
+		if a, err := netip.ParseAddr(v); err == nil {
+			p = netip.PrefixFrom(a, a.BitLen())
+		} else if p, err = netip.ParsePrefix(v); err != nil {
+			return nil, fmt.Errorf("%s %q: not a CIDR (want e.g. 10.1.0.0/16 or 2001:db8::/32)", setting, v)
+		}
+		switch {
+		case p.Addr().Zone() != "":
+			return nil, fmt.Errorf("%s %q: a zone has no place in a CIDR", setting, v)
+		case p.Addr().Is4In6():
+			return nil, fmt.Errorf("%s %q: an IPv4-mapped IPv6 prefix; write the IPv4 CIDR", setting, v)
+		case p != p.Masked():
+			return nil, fmt.Errorf("%s %q: host bits are set (did you mean %s?)", setting, v, p.Masked())
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// parseResolver parses IP or IP:PORT (an IPv6 address with a port in
+// brackets); the port defaults to 53.
+func parseResolver(s string) (netip.AddrPort, error) {
+	s = strings.TrimSpace(s)
+	if a, err := netip.ParseAddr(s); err == nil {
+		if a.Zone() != "" {
+			return netip.AddrPort{}, errors.New("a zone is not supported")
+		}
+		return netip.AddrPortFrom(a.Unmap(), 53), nil
+	}
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil || ap.Port() == 0 || ap.Addr().Zone() != "" {
+		return netip.AddrPort{}, errors.New("not an address (want IP or IP:PORT, e.g. 10.0.0.2 or [2001:db8::53]:53)")
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
 }
 
 // validLevel reports whether s is one of the four level names (slog also

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -45,7 +48,7 @@ func TestExampleConfigLoads(t *testing.T) {
 		t.Fatal(err)
 	}
 	def.configFile = cfg.configFile
-	if cfg != def {
+	if !reflect.DeepEqual(cfg, def) {
 		t.Errorf("example config:\n %+v\nwant the defaults:\n %+v", cfg, def)
 	}
 	want := serveConfig{
@@ -54,8 +57,9 @@ func TestExampleConfigLoads(t *testing.T) {
 		maxBodyBytes: 1 << 30, maxOutputBytes: 64 << 20,
 		policy:   sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationNone, Durable: true},
 		logLevel: slog.LevelInfo, logFormat: "json",
+		disk: diskConfig{mb: 10240, reserveMB: 1024},
 	}
-	if cfg != want {
+	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("example config:\n %+v\nwant\n %+v", cfg, want)
 	}
 }
@@ -96,6 +100,15 @@ func TestConfigErrors(t *testing.T) {
 		"empty unix socket": {args: []string{"--listen", "unix:"}, msg: []string{"unix:"}},
 		"bad token":         {env: map[string]string{tokenEnv: "has space-secret"}, msg: []string{"TAI42_TOKEN"}},
 		"no state dir":      {env: map[string]string{}, msg: []string{"state directory"}},
+		"bad cidr":          {args: []string{"--egress-allow", "10.0.0.0/33"}, msg: []string{"--egress-allow", "10.0.0.0/33"}},
+		"host bits":         {file: "[egress]\ndeny = [\"10.1.2.3/8\"]\n", msg: []string{"--egress-deny", "10.1.2.3/8", "10.0.0.0/8"}},
+		"mapped prefix":     {args: []string{"--egress-deny", "::ffff:10.0.0.0/104"}, msg: []string{"IPv4-mapped"}},
+		"bad domain":        {env: map[string]string{"TAI42_EGRESS_ALLOW_DOMAIN": "ok.test,bad..test"}, msg: []string{"--egress-allow-domain", "bad..test"}},
+		"wildcard inside":   {args: []string{"--egress-allow-domain", "a.*.test"}, msg: []string{"a.*.test"}},
+		"bad resolver":      {args: []string{"--egress-dns", "resolver.test"}, msg: []string{"--egress-dns", "resolver.test"}},
+		"comma in file":     {file: "[egress]\nallow = [\"10.0.0.0/8,11.0.0.0/8\"]\n", msg: []string{"egress.allow", "comma"}},
+		"negative disk":     {args: []string{"--disk-mb", "-1"}, msg: []string{"--disk-mb"}},
+		"inodes, no cap":    {args: []string{"--disk-mb", "0", "--disk-inodes", "5"}, msg: []string{"--disk-inodes"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			env := map[string]string{stateDirEnv: "/state"}
@@ -269,5 +282,52 @@ func TestTokenFiles(t *testing.T) {
 		if _, err := readTokenFile(bad); err == nil {
 			t.Errorf("token file %q: no error", content)
 		}
+	}
+}
+
+func TestConfigEgressAndDisk(t *testing.T) {
+	path := writeConfig(t, `[egress]
+allow = ["10.20.0.0/16", "192.0.2.7"]
+deny = ["2001:db8::/32"]
+allow_domains = ["pypi.org", "*.pythonhosted.org"]
+dns = ["10.0.0.2", "[2001:db8::53]:5353"]
+[disk]
+mb = 512
+inodes = 4096
+reserve_mb = 64
+`)
+	cfg, err := resolveServe(t, map[string]string{stateDirEnv: "/state"}, "--config", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := egressConfig{
+		allow:   []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16"), netip.MustParsePrefix("192.0.2.7/32")},
+		deny:    []netip.Prefix{netip.MustParsePrefix("2001:db8::/32")},
+		domains: []string{"pypi.org", "*.pythonhosted.org"},
+		dns:     []netip.AddrPort{netip.MustParseAddrPort("10.0.0.2:53"), netip.MustParseAddrPort("[2001:db8::53]:5353")},
+	}
+	if !reflect.DeepEqual(cfg.egress, want) {
+		t.Errorf("egress from the file: %+v, want %+v", cfg.egress, want)
+	}
+	if d := (diskConfig{mb: 512, inodes: 4096, reserveMB: 64, explicit: true}); cfg.disk != d {
+		t.Errorf("disk from the file: %+v, want %+v", cfg.disk, d)
+	}
+	// A flag replaces the file's list rather than adding to it, as for
+	// every other setting.
+	cfg, err = resolveServe(t, map[string]string{stateDirEnv: "/state"}, "--config", path, "--egress-deny", "198.51.100.0/24", "--egress-deny", "203.0.113.0/24")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(cfg.egress.deny); got != "[198.51.100.0/24 203.0.113.0/24]" {
+		t.Errorf("--egress-deny twice over the file's: %s", got)
+	}
+	// The defaults: no fence of the operator's, the cap on at 10 GiB but
+	// not given.
+	cfg, err = resolveServe(t, map[string]string{stateDirEnv: "/state"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.egress.given() || cfg.disk != (diskConfig{mb: defaultDiskMB, reserveMB: defaultDiskReserveMB}) {
+		t.Errorf("defaults: egress %+v, disk %+v", cfg.egress, cfg.disk)
 	}
 }

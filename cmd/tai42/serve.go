@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/kit"
+	"github.com/tai42/sandbox/provider/host"
 	"github.com/tai42/sandbox/server"
 )
 
@@ -127,6 +128,10 @@ func (c *cli) serve(cfg serveConfig) error {
 		fmt.Fprintf(c.stderr, "tai42: token read from %s\n", from)
 	}
 
+	if err := checkEnforceable(cfg); err != nil {
+		return fail(usagef(err))
+	}
+
 	ctx, in, stop := c.interruptible()
 	defer stop()
 
@@ -159,6 +164,12 @@ func (c *cli) serve(cfg serveConfig) error {
 
 	if err := checkFloor(sb, cfg.policy); err != nil {
 		return fail(usagef(err))
+	}
+	if cfg.provider == host.Name {
+		// Said plainly, once at every start: the operator did not ask for
+		// fences here, and plain egress use is not refused.
+		log.Warn("the host runner does not fence egress: isolation none shares the host's network, so a session with network egress reaches what the host reaches, private networks and a cloud's metadata service included; serve --provider container for fenced egress")
+		log.Warn("the host runner does not cap a session's disk: a session may fill the state directory's filesystem; serve --provider container for a cap")
 	}
 	if len(token) < minTokenLen {
 		log.Warn("the token is short: anyone who can reach the daemon may guess it; use 32 random bytes (the generated token) or more", "length", len(token))
@@ -216,6 +227,22 @@ func listenAddr(ln net.Listener) string {
 		return "unix:" + a.String()
 	}
 	return a.String()
+}
+
+// checkEnforceable refuses settings the chosen provider cannot enforce,
+// rather than serve without them: fences or a disk cap the operator asked
+// for on the host runner.
+func checkEnforceable(cfg serveConfig) error {
+	if cfg.provider != host.Name {
+		return nil
+	}
+	if cfg.egress.given() {
+		return errors.New("the host runner cannot fence egress (isolation none shares the host's network): --egress-allow, --egress-deny, --egress-allow-domain and --egress-dns need --provider container")
+	}
+	if cfg.disk.explicit && cfg.disk.mb > 0 {
+		return errors.New("the host runner cannot cap a session's disk: --disk-mb needs --provider container (--disk-mb 0 says no cap)")
+	}
+	return nil
 }
 
 // minTokenLen is the token length below which serve warns.

@@ -8,6 +8,12 @@
 //   - network: "none" runs every exec of the session in one new network
 //     namespace with only loopback (needs root: CAP_SYS_ADMIN); "egress" is
 //     the host's own network; "internal" cannot be enforced and is rejected.
+//     Egress is not fenced: a session with network "egress" reaches what
+//     the host reaches, private networks and a cloud's metadata service
+//     (169.254.169.254) included. The container provider fences egress;
+//     the host runner is for trusted code.
+//   - disk: not capped; a session may fill the state directory's
+//     filesystem.
 //   - cpu and memory_mb: a cgroup per session (v1 cpu+memory controllers, or
 //     v2 cpu.max/memory.max with swap off) when the cgroup tree is writable;
 //     else rejected, saying why.
