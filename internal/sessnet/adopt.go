@@ -279,7 +279,9 @@ func keptNames(adopted map[string]adoption) (files, links map[string]bool) {
 
 // restoreInfra, after the sweep, makes the shared infrastructure the
 // adopted Nets need what a fresh Manager's would be: the nftables table
-// (re)installed with the current rules in one atomic batch, then each
+// (re)installed with the current rules and fences in one atomic batch (its
+// counters carried over; the sets AllowAddrs filled start empty, and the
+// resolver fills them again as the sessions resolve names again), then each
 // used tier's bridge (kept when it is still there and a bridge, made
 // again when not) with every adopted veth of the tier a port of it and up.
 // An adopted Net whose veth cannot be put back on its bridge is torn down
@@ -317,7 +319,7 @@ func (m *Manager) restoreInfra(adopted map[string]adoption) error {
 		t.bridgeIndex = idx
 		for _, id := range ids {
 			n := adopted[id].n
-			if err := m.attachVeth(n.veth, idx); err != nil {
+			if err := m.attachVeth(n.veth, idx, t == m.egress); err != nil {
 				err = adoptFailed(id, t.kind, err)
 				if terr := m.teardown(n); terr != nil {
 					return fmt.Errorf("%w; removing it also failed: %w", err, terr)
@@ -371,8 +373,9 @@ func (m *Manager) adoptBridge(t *tierNet) (int, error) {
 	return m.addBridge(t)
 }
 
-// attachVeth makes the host veth name a port of the bridge at index, up.
-func (m *Manager) attachVeth(name string, bridge int) error {
+// attachVeth makes the host veth name a port of the bridge at index (an
+// isolated one when isolated), up.
+func (m *Manager) attachVeth(name string, bridge int, isolated bool) error {
 	l, err := m.host.LinkByName(name)
 	if err != nil {
 		return fmt.Errorf("looking up its veth %s: %w", name, err)
@@ -380,6 +383,12 @@ func (m *Manager) attachVeth(name string, bridge int) error {
 	if l.Attrs().MasterIndex != bridge {
 		if err := m.host.LinkSetMasterByIndex(l, bridge); err != nil {
 			return fmt.Errorf("making its veth %s a port of its tier's bridge again: %w", name, err)
+		}
+	}
+	if isolated {
+		// Every time: a port made anew, or by an earlier version, is not.
+		if err := m.host.LinkSetIsolated(l, true); err != nil {
+			return fmt.Errorf("isolating its veth %s on its tier's bridge: %w", name, err)
 		}
 	}
 	if l.Attrs().Flags&net.FlagUp == 0 {

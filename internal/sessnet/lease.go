@@ -39,13 +39,14 @@ func newLeases(subnet netip.Prefix) *leases {
 	return l
 }
 
-// lastAddr is the highest address of an IPv4 prefix (its broadcast).
+// lastAddr is the highest address of a prefix (for IPv4, its broadcast).
 func lastAddr(p netip.Prefix) netip.Addr {
-	a := p.Masked().Addr().As4()
-	host := uint32(1)<<(32-p.Bits()) - 1
-	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
-	v |= host
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
 
 // take leases a free address, or says the subnet is full.

@@ -167,7 +167,9 @@ func (m *Manager) enableForwarding() error {
 // host side (<prefix>v<8 hex>) is a port of the bridge and whose other side
 // is born inside the namespace as eth0, the session's address on eth0 (its
 // prefix route is the only route, for internal), and for egress a default
-// route via the bridge address. The namespace side is configured through
+// route via the bridge address. An egress veth is an isolated port of its
+// bridge: it forwards to the bridge itself (the gateway), not to other
+// isolated ports. The namespace side is configured through
 // the namespace's own rtnetlink socket, without a thread switch. IPv6 stays
 // off on both sides (no link-local address to reach or be reached by).
 func (m *Manager) addVeth(n *Net, ns *netns, bridgeIndex int) error {
@@ -194,6 +196,13 @@ func (m *Manager) addVeth(n *Net, ns *netns, bridgeIndex int) error {
 	}
 	if err := m.host.LinkSetIP6AddrGenMode(veth, nl.IN6_ADDR_GEN_MODE_NONE); err != nil {
 		return fmt.Errorf("turning IPv6 address generation off on %s: %w", n.veth, err)
+	}
+	if n.tier == m.egress {
+		// Egress sessions never reach each other, even where br_netfilter
+		// is off and the fences never see frames bridged between them.
+		if err := m.host.LinkSetIsolated(veth, true); err != nil {
+			return fmt.Errorf("isolating the bridge port %s: %w", n.veth, err)
+		}
 	}
 	eth0, err := ns.h.LinkByName("eth0")
 	if err != nil {

@@ -9,9 +9,17 @@
 //     services included) and nothing beyond.
 //   - egress: the same on a bridge of its own (<prefix>-egr) with its own
 //     subnet, plus a default route via the bridge address and NAT
-//     (masquerade) out through the host. Egress sessions reach out but not
-//     the host's own services (the gateway only forwards) nor the internal
-//     bridge.
+//     (masquerade) out through the host. Egress sessions reach the public
+//     internet only, through fences: not the host's own services (the
+//     gateway only forwards, and answers DNS when Fences.ResolverPort is
+//     set), not each other, not the internal bridge, and no private,
+//     shared, link-local (cloud metadata), loopback, multicast or reserved
+//     address nor any network of the host's own interfaces. A refused
+//     attempt fails at once (a TCP reset, an ICMP administratively
+//     prohibited error), is counted per reason (Blocked) and reported
+//     (Config.OnBlocked). The operator opens exceptions, adds denials and
+//     turns on a domain filter with Fences (Config.Fences, SetFences,
+//     AllowAddrs).
 //
 // Everything is made with rtnetlink and nftables from Go, never by running
 // ip or nft. The host-side objects carry a recognisable prefix: veths
@@ -26,7 +34,9 @@
 // namespace file <Dir>/<id>, the address on its eth0 and, through eth0's
 // peer link, its veth on the host, leases the address again, sweeps
 // everything else, keeps the bridges of the adopted tiers and reinstalls the
-// table with the current rules in one atomic step. Adopted hands each
+// table with the current rules and fences in one atomic step (the
+// fences' counters carry over; the domain filter's sets start empty).
+// Adopted hands each
 // adopted Net out, to be used (and torn down) as if Setup had made it; the
 // sessions keep their connectivity throughout.
 //
@@ -48,6 +58,7 @@ import (
 	"sync"
 
 	"github.com/google/nftables"
+	mdnetlink "github.com/mdlayher/netlink"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -100,6 +111,18 @@ type Config struct {
 	// keeps the networks of the sessions it brings back). Their Nets are
 	// then returned by Adopted.
 	Keep map[string]sandbox.Network
+	// Fences are the operator's exceptions to and additions of the egress
+	// tier's fences (see Fences); SetFences changes them later. New
+	// refuses malformed ones (see ValidateFences).
+	Fences Fences
+	// OnBlocked, when set, is told of attempts the fences refuse (at a
+	// debug level of interest: up to 20 a second, with bursts of 40, over
+	// all sessions; Blocked counts every one). The Manager reads them from
+	// an NFLOG group of its own and calls OnBlocked from one goroutine of
+	// its own, in order; a slow OnBlocked loses reports, never blocks a
+	// session. When the kernel's NFLOG is not usable, New errs wrapping
+	// ErrNoNFLOG.
+	OnBlocked func(Blocked)
 }
 
 // tierNet is one of the two bridged tiers.
@@ -125,8 +148,23 @@ type Manager struct {
 	nft      *nftables.Conn  // lasting nftables socket in the host's namespace
 	pool     *netnsPool
 
-	infraMu sync.Mutex // guards the shared bridges and the table
+	infraMu sync.Mutex // guards the shared bridges, the table and m.nft's batches
 	tableUp bool
+	fences  Fences // guarded by infraMu
+
+	// fast is a second nftables socket, for AllowAddrs and Blocked, so
+	// that they never wait for a bridge being made; nil once released.
+	// setConn is a raw nfnetlink socket for AllowAddrs.
+	fastMu  sync.Mutex
+	fast    *nftables.Conn
+	setConn *mdnetlink.Conn
+
+	onBlocked func(Blocked) // nil: no log rules, no NFLOG socket
+	nflog     *nflog
+	logGroup  uint16
+
+	stopWatch chan struct{} // closed to stop watchAddrs
+	watchDone chan struct{} // closed when watchAddrs returned
 
 	closeMu sync.Mutex // serialises Close calls
 
@@ -248,6 +286,9 @@ func newManager(cfg Config) (*Manager, error) {
 	if cfg.Dir == "" {
 		return nil, errors.New("sessnet: Config.Dir is empty: say where the namespace files go")
 	}
+	if err := ValidateFences(cfg.Fences); err != nil {
+		return nil, fmt.Errorf("%w (in Config.Fences)", err)
+	}
 	dir, err := filepath.Abs(cfg.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("sessnet: namespace directory %s: %w", cfg.Dir, err)
@@ -271,8 +312,10 @@ func newManager(cfg Config) (*Manager, error) {
 			leases: newLeases(internal)},
 		egress: &tierNet{kind: sandbox.NetworkEgress, bridge: prefix + "-egr", subnet: egress,
 			leases: newLeases(egress)},
-		nets: map[string]*Net{},
-		pool: newNetnsPool(poolSize),
+		nets:      map[string]*Net{},
+		pool:      newNetnsPool(poolSize),
+		fences:    cloneFences(cfg.Fences),
+		onBlocked: cfg.OnBlocked,
 	}
 	// The host's namespace is the one of a thread of our own, read while it
 	// is locked: a thread of the process may be inside a session's namespace
@@ -289,11 +332,34 @@ func newManager(cfg Config) (*Manager, error) {
 		if m.nft, err = nftables.New(nftables.AsLasting()); err != nil {
 			return false, fmt.Errorf("opening an nftables socket: %w", err)
 		}
+		if m.fast, err = nftables.New(nftables.AsLasting()); err != nil {
+			return false, fmt.Errorf("opening an nftables socket: %w", err)
+		}
+		if m.setConn, err = mdnetlink.Dial(unix.NETLINK_NETFILTER, nil); err != nil {
+			return false, fmt.Errorf("opening an nfnetlink socket: %w", err)
+		}
 		return false, nil
 	})
 	if err != nil {
 		m.release()
 		return nil, fmt.Errorf("sessnet: %w", err)
+	}
+	// Before any table: a change from here on updates the host's networks
+	// in the table that the installation fills with the then current ones.
+	sub, err := m.subscribeAddrs()
+	if err != nil {
+		m.release()
+		return nil, fmt.Errorf("sessnet: %w", err)
+	}
+	m.stopWatch, m.watchDone = make(chan struct{}), make(chan struct{})
+	go m.watchAddrs(sub, m.stopWatch, m.watchDone)
+	if m.onBlocked != nil {
+		if m.nflog, err = m.openNFLOG(); err != nil {
+			m.release()
+			return nil, err
+		}
+		m.logGroup = m.nflog.group
+		m.nflog.run(m)
 	}
 	return m, nil
 }
@@ -600,6 +666,25 @@ func (m *Manager) Abandon() {
 
 func (m *Manager) release() {
 	m.pool.close()
+	// Before taking m.mu: the goroutines take it (and infraMu) as they
+	// work.
+	if m.stopWatch != nil {
+		close(m.stopWatch)
+		<-m.watchDone
+		m.stopWatch = nil
+	}
+	m.nflog.close()
+	m.nflog = nil
+	m.fastMu.Lock()
+	if m.fast != nil {
+		m.fast.CloseLasting()
+		m.fast = nil
+	}
+	if m.setConn != nil {
+		m.setConn.Close()
+		m.setConn = nil
+	}
+	m.fastMu.Unlock()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.released = true

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+
 	sandbox "github.com/tai42/sandbox"
 )
 
@@ -168,10 +170,13 @@ func TestEgress(t *testing.T) {
 		t.Errorf("net.ipv4.ip_forward = %q (%v) after an egress setup, want 1", fwd, err)
 	}
 
-	// Out, NATed: the outside host sees the host's address.
-	if from := reach(t, "egress -> outside", e.Path(), out.srv.addr); from != out.hostAddr {
-		t.Errorf("the outside host saw the connection come from %s, want the host's %s (masquerade)", from, out.hostAddr)
+	// Out, NATed: a public host beyond the host sees the host's address.
+	// The outside host, on a network of the host's own, is fenced off.
+	up := newUpstream(t, m.prefix, m.egress.subnet)
+	if from := reach(t, "egress -> public", e.Path(), up.hosts[upPublic].tcp); from != up.hostAddr {
+		t.Errorf("the public host saw the connection come from %s, want the host's %s (masquerade)", from, up.hostAddr)
 	}
+	refusedFast(t, "egress -> outside, a host network", e.Path(), out.srv.addr)
 
 	hostLo := serve(t, "", netip.MustParseAddr("127.0.0.1"))
 	gateway := serve(t, "", e.Gateway())
@@ -184,11 +189,27 @@ func TestEgress(t *testing.T) {
 	}
 	i2 := setup(t, m, "sb-int-2", sandbox.NetworkInternal)
 	reach(t, "internal -> internal session (control)", i2.Path(), intSession.addr)
-	// Egress sessions share their bridge and reach each other, as internal
-	// ones do.
+	// Egress sessions share their bridge but do not reach each other: the
+	// fences refuse their (private) subnet, and their ports are isolated.
 	e2 := setup(t, m, "sb-egr-2", sandbox.NetworkEgress)
-	if from := reach(t, "egress -> egress session", e2.Path(), egrSession.addr); from != e2.Addr() {
-		t.Errorf("the egress session saw its peer come from %s, want %s", from, e2.Addr())
+	unreachable(t, "egress -> egress session", e2.Path(), egrSession.addr)
+	for _, n := range []*Net{e, e2} {
+		l, err := netlink.LinkByName(n.veth)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pi, err := netlink.LinkGetProtinfo(l)
+		if err != nil {
+			t.Fatalf("bridge port flags of %s: %v", n.veth, err)
+		}
+		if !pi.Isolated {
+			t.Errorf("the egress veth %s is not an isolated bridge port", n.veth)
+		}
+	}
+	if l, err := netlink.LinkByName(i.veth); err != nil {
+		t.Fatal(err)
+	} else if pi, err := netlink.LinkGetProtinfo(l); err != nil || pi.Isolated {
+		t.Errorf("the internal veth %s: isolated %v (%v), want not", i.veth, pi.Isolated, err)
 	}
 	var wg sync.WaitGroup
 	for _, c := range []struct {
@@ -213,7 +234,8 @@ func TestEgress(t *testing.T) {
 	addRoute(t, out.ns.fdPath(), m.egress.subnet, out.hostAddr)
 	unreachable(t, "outside, routing to the egress subnet -> egress session", out.ns.fdPath(), egrSession.addr)
 	egrSink := newUDPSink(t, e.Path(), e.Addr())
-	arrives(t, "egress -> egress UDP (control)", e2.Path(), egrSink)
+	arrives(t, "host -> egress UDP (control)", "", egrSink)
+	nothingArrives(t, "egress -> egress UDP", e2.Path(), netip.Addr{}, egrSink)
 	nothingArrives(t, "outside, routing to the egress subnet -> egress UDP", out.ns.fdPath(), netip.Addr{}, egrSink)
 	// ...nor into an internal one.
 	addRoute(t, out.ns.fdPath(), m.internal.subnet, out.hostAddr)
@@ -222,8 +244,8 @@ func TestEgress(t *testing.T) {
 	// An egress session cannot send as someone else: a source outside its
 	// subnet (here an internal session's address) is dropped, not forwarded
 	// un-NATed.
-	outSink := newUDPSink(t, out.ns.fdPath(), out.addr)
-	arrives(t, "egress -> outside UDP (control)", e.Path(), outSink)
+	outSink := newUDPSink(t, up.ns.fdPath(), up.hosts[upPublic].addr)
+	arrives(t, "egress -> public UDP (control)", e.Path(), outSink)
 	addAddr(t, e2.Path(), i.Addr())
 	nothingArrives(t, "egress with a spoofed source -> outside UDP", e2.Path(), i.Addr(), outSink)
 }
