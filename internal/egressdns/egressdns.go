@@ -282,6 +282,18 @@ func (s *Server) accept(h dns.Header) dns.MsgAcceptAction {
 // when Config.Listen's was 0).
 func (s *Server) Addr() netip.AddrPort { return s.addr }
 
+// Upstreams are the resolvers the server forwards to, in the order it
+// tries them.
+func (s *Server) Upstreams() []netip.AddrPort {
+	out := make([]netip.AddrPort, 0, len(s.upstreams))
+	for _, u := range s.upstreams {
+		if ap, err := netip.ParseAddrPort(u); err == nil {
+			out = append(out, ap)
+		}
+	}
+	return out
+}
+
 // Stats returns the counts so far.
 func (s *Server) Stats() Stats {
 	return Stats{

@@ -52,6 +52,16 @@ func BlockReasons() []string {
 	return append(out, ReasonHostNetwork, ReasonNotAllowedDomain)
 }
 
+// RefusedPrefixes are the destinations no egress session reaches whatever
+// the Fences (but Allow), besides the host's own networks.
+func RefusedPrefixes() []netip.Prefix {
+	var out []netip.Prefix
+	for _, b := range builtinFences {
+		out = append(out, b.prefixes...)
+	}
+	return out
+}
+
 // builtinFences are the destinations no egress session reaches, whatever
 // the Fences (but Allow), tested in this order: link-local before private,
 // so that fd00:ec2::254 (a metadata service) counts as link-local.

@@ -74,6 +74,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/agent"
+	"github.com/tai42/sandbox/internal/egressdns"
 	"github.com/tai42/sandbox/internal/imagestore"
 	"github.com/tai42/sandbox/internal/sessionlock"
 	"github.com/tai42/sandbox/internal/sessnet"
@@ -129,6 +130,24 @@ type Options struct {
 	// InternalSubnet and EgressSubnet are the tiers' address ranges; zero
 	// means sessnet's defaults.
 	InternalSubnet, EgressSubnet netip.Prefix
+	// EgressAllow and EgressDeny are the operator's fences on network
+	// "egress", beside the ranges always refused (private, shared,
+	// link-local, loopback, multicast, 0/8, broadcast, the host's own
+	// networks): destinations reachable all the same, and destinations
+	// refused besides. See sessnet.Fences.
+	EgressAllow, EgressDeny []netip.Prefix
+	// EgressAllowDomains is the domain allowlist ("name", or "*.name" for
+	// the names below it): when set, egress sessions reach only the
+	// addresses these names resolve to through their resolver (and
+	// EgressAllow).
+	EgressAllowDomains []string
+	// EgressDNS are the upstreams of the resolver egress sessions use (the
+	// provider runs it on the egress gateway; their /etc/resolv.conf names
+	// it); nil means the nameservers of EgressResolvConf.
+	EgressDNS []netip.AddrPort
+	// EgressResolvConf is the file EgressDNS defaults from; "" means
+	// /etc/resolv.conf.
+	EgressResolvConf string
 	// Images is the image store's directory; "" means <StateDir>/images.
 	Images string
 	// Network, when set, is a network manager the provider uses instead
@@ -217,6 +236,7 @@ type provider struct {
 	locks    *sessionlock.Dir
 	cgroups  cgroupLayout
 	userns   *os.File // the sessions' user namespace; nil: none
+	egress   *egress  // the egress sessions' resolver; nil: none
 	closeOne sync.Once
 
 	recoverMu sync.Mutex
@@ -245,6 +265,14 @@ func newProvider(opts Options) (_ *provider, err error) {
 	}
 	if opts.UserNamespace == "" {
 		opts.UserNamespace = DefaultUserNamespace
+	}
+	if err := sessnet.ValidateFences(sessnet.Fences{Allow: opts.EgressAllow, Deny: opts.EgressDeny}); err != nil {
+		return nil, fmt.Errorf("container: egress fences: %w", err)
+	}
+	for _, d := range opts.EgressAllowDomains {
+		if err := egressdns.ValidPattern(d); err != nil {
+			return nil, fmt.Errorf("container: egress domain allowlist: %w", err)
+		}
 	}
 	state, err := filepath.Abs(opts.StateDir)
 	if err != nil {
@@ -329,6 +357,7 @@ func agentBinary(name string) (string, error) {
 func (p *provider) Close() error {
 	var errs []error
 	p.closeOne.Do(func() {
+		errs = append(errs, p.closeEgress())
 		if p.net != nil && p.ownNet {
 			errs = append(errs, p.net.Close())
 		}
@@ -356,6 +385,7 @@ func (p *provider) Abandon() {
 		if p.userns != nil {
 			p.userns.Close()
 		}
+		p.closeEgress()
 		if p.net != nil && p.ownNet {
 			p.net.Abandon()
 		}
@@ -501,6 +531,12 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 	if r.net, err = p.net.Setup(ctx, req.ID, req.Spec.Network); err != nil {
 		return nil, fmt.Errorf("network %q: %w", req.Spec.Network, err)
 	}
+	var resolvConf string
+	if req.Spec.Network == sandbox.NetworkEgress {
+		if resolvConf, err = p.writeResolvConf(r.dir); err != nil {
+			return nil, err
+		}
+	}
 
 	if r.dirFD, err = unix.Open(r.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 		return nil, err
@@ -550,6 +586,7 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 		agent:       p.agent,
 		netns:       fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), nsFile.Fd()),
 		binds:       binds,
+		resolvConf:  resolvConf,
 		hostname:    "tai42",
 		cgroupsPath: cgroupsPath(req.ID),
 		cpu:         req.Spec.CPU,

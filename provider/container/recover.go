@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"io/fs"
 	"maps"
 	"os"
@@ -234,15 +235,26 @@ func (p *provider) Recover(ctx context.Context, keep []kit.Kept) ([]kit.Recovere
 	}
 
 	if p.ownNet {
+		// Refused attempts are read from the kernel only for a log that
+		// shows them.
+		var onBlocked func(sessnet.Blocked)
+		if p.log.Enabled(ctx, slog.LevelDebug) {
+			onBlocked = p.logBlocked
+		}
 		p.net, err = sessnet.New(sessnet.Config{
 			Dir:            filepath.Join(p.root, "netns"),
 			Prefix:         p.opts.NetPrefix,
 			InternalSubnet: p.opts.InternalSubnet,
 			EgressSubnet:   p.opts.EgressSubnet,
 			Keep:           tiers,
+			Fences:         p.fences(),
+			OnBlocked:      onBlocked,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("container: network: %w", err)
+		}
+		if err := p.startEgress(p.net); err != nil {
+			return nil, fmt.Errorf("container: %w", err)
 		}
 	}
 

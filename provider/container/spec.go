@@ -36,6 +36,7 @@ type specInput struct {
 	agent       string // the static tai42 binary, bind-mounted read-only
 	netns       string // the network namespace to join
 	binds       []bind // the host image's read-only views
+	resolvConf  string // the file bound read-only at /etc/resolv.conf; "" for none
 	hostname    string
 	cgroupsPath string
 	cpu         float64
@@ -105,6 +106,11 @@ func buildSpec(in specInput) *specs.Spec {
 	}
 	for _, b := range in.binds {
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: b.dest, Type: "bind", Source: b.source, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+	}
+	if in.resolvConf != "" {
+		// Over the image's own (the host image's copy names the host's
+		// resolvers, which the egress fences refuse).
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: in.resolvConf, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
 	}
 	if in.memoryMB > 0 {
 		limit := int64(in.memoryMB) << 20
