@@ -210,7 +210,7 @@ func (m *Manager) AllowAddrs(addrs []netip.Addr, ttl time.Duration) error {
 	if ttl <= 0 {
 		return fmt.Errorf("sessnet: AllowAddrs: the ttl %v is not positive", ttl)
 	}
-	ttl = min((ttl+time.Millisecond-1).Truncate(time.Millisecond), maxAllowTTL)
+	ttl = min((ttl + time.Millisecond - 1).Truncate(time.Millisecond), maxAllowTTL)
 	var v4, v6 [][]byte
 	for _, a := range addrs {
 		if !a.IsValid() {
