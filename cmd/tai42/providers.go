@@ -36,6 +36,8 @@ type providerConfig struct {
 	// netPrefix names the container provider's bridges, veths and
 	// nftables table ("" for its default).
 	netPrefix string
+	// egress are the container provider's fences of the operator's.
+	egress egressConfig
 	// logger receives the provider's lifecycle events; nil discards them.
 	logger *slog.Logger
 	// durable makes the provider keep its sessions in a durable ledger,
@@ -93,6 +95,10 @@ var embeddedProviders = []embeddedProvider{
 			MaxOutputBytes:     c.maxOutputBytes,
 			Runtime:            c.runtime,
 			NetPrefix:          c.netPrefix,
+			EgressAllow:        c.egress.allow,
+			EgressDeny:         c.egress.deny,
+			EgressAllowDomains: c.egress.domains,
+			EgressDNS:          c.egress.dns,
 			Logger:             c.logger,
 			Ledger:             c.ledger,
 		})

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/kit"
@@ -143,6 +144,7 @@ func (c *cli) serve(cfg serveConfig) error {
 		maxOutputBytes: cfg.maxOutputBytes,
 		runtime:        cfg.runtime,
 		netPrefix:      cfg.netPrefix,
+		egress:         cfg.egress,
 		logger:         log,
 		durable:        true,
 	})
@@ -175,9 +177,18 @@ func (c *cli) serve(cfg serveConfig) error {
 		log.Warn("the token is short: anyone who can reach the daemon may guess it; use 32 random bytes (the generated token) or more", "length", len(token))
 	}
 
+	fences, disk := enforced(sb, cfg)
+	logFences(log, fences, disk)
+	reg := prometheus.NewRegistry()
+	if err := registerEgressMetrics(reg, sb); err != nil {
+		return fail(err)
+	}
 	srv, err := server.New(sb, server.Options{
 		Token:         token,
 		Policy:        cfg.policy,
+		EgressFences:  fences,
+		Disk:          disk,
+		Registry:      reg,
 		Provider:      cfg.provider,
 		Version:       buildVersion(),
 		MaxBodyBytes:  cfg.maxBodyBytes,

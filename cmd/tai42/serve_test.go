@@ -6,9 +6,11 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tai42/sandbox/api"
 )
 
 // serving is an in-process "tai42 serve" with a signal channel.
@@ -246,6 +250,10 @@ func TestServeStartErrors(t *testing.T) {
 		"args":               {[]string{"extra"}, 2, "extra"},
 		"missing config":     {[]string{"--config", "/nonexistent/tai42.toml"}, 2, "/nonexistent/tai42.toml"},
 		"missing token file": {[]string{"--token-file", "/nonexistent/token", "--listen", "127.0.0.1:0"}, 1, "/nonexistent/token"},
+		"host with fences":   {[]string{"--egress-deny", "203.0.113.0/24", "--listen", "127.0.0.1:0"}, 2, "cannot fence egress"},
+		"host with a cap":    {[]string{"--disk-mb", "100", "--listen", "127.0.0.1:0"}, 2, "cannot cap a session's disk"},
+		"bad fence":          {[]string{"--egress-allow", "10.1.2.3/8"}, 2, "10.1.2.3/8"},
+		"bad domain":         {[]string{"--egress-allow-domain", "*"}, 2, `"*"`},
 	} {
 		s := startServe(t, map[string]string{tokenEnv: testToken}, append([]string{"--state-dir", state}, tc.args...)...)
 		code := s.exited(t)
@@ -287,4 +295,37 @@ func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
 // pemCert encodes a DER certificate as PEM.
 func pemCert(der []byte) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// TestServeHostSaysNoFences: the host runner, which neither fences egress
+// nor caps disks, says so at every start and in GET /v1/policy, and still
+// serves plain egress.
+func TestServeHostSaysNoFences(t *testing.T) {
+	s := startServe(t, map[string]string{tokenEnv: testToken}, "--listen", "127.0.0.1:0", "--state-dir", t.TempDir())
+	if s.addr == "" {
+		t.Fatalf("serve exited; stderr:\n%s", s.stderr.String())
+	}
+	defer s.stop(t, syscall.SIGTERM)
+	for _, want := range []string{"the host runner does not fence egress", "the host runner does not cap a session's disk"} {
+		if !strings.Contains(s.stderr.String(), want) {
+			t.Errorf("no %q at start:\n%s", want, s.stderr.String())
+		}
+	}
+	req, _ := http.NewRequest("GET", "http://"+s.addr+"/v1/policy", nil)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var pol api.PolicyInfo
+	if err := json.NewDecoder(resp.Body).Decode(&pol); err != nil {
+		t.Fatal(err)
+	}
+	if pol.EgressFences == nil || pol.EgressFences.Enforced || pol.Disk == nil || pol.Disk.Enforced {
+		t.Errorf("GET /v1/policy of the host runner: fences %+v, disk %+v; want both there, not enforced", pol.EgressFences, pol.Disk)
+	}
+	env := map[string]string{urlEnv: s.addr, tokenEnv: testToken}
+	id := strings.TrimSpace(runCLI(t, nil, env, "create", "--network", "egress").stdout)
+	runCLI(t, nil, env, "exec", id, "--", "true").want(t, 0)
 }
