@@ -404,7 +404,7 @@ func (s *Server) openapi(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) getPolicy(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, api.PolicyInfo{Policy: s.policy, EgressFences: s.fences, Disk: s.disk})
+	writeJSON(w, http.StatusOK, api.PolicyInfo{Policy: s.policy, EgressFences: s.fences.Load(), Disk: s.disk})
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, _ *http.Request) {

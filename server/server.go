@@ -99,7 +99,7 @@ type Server struct {
 	sb       sandbox.Sandbox
 	token    string
 	policy   sandbox.Policy
-	fences   *api.EgressFences
+	fences   atomic.Pointer[api.EgressFences]
 	disk     *api.DiskCap
 	provider string
 	version  string
@@ -154,7 +154,6 @@ func New(sb sandbox.Sandbox, opts Options) (*Server, error) {
 		sb:       sb,
 		token:    opts.Token,
 		policy:   policy,
-		fences:   opts.EgressFences,
 		disk:     opts.Disk,
 		provider: opts.Provider,
 		version:  opts.Version,
@@ -165,6 +164,7 @@ func New(sb sandbox.Sandbox, opts Options) (*Server, error) {
 		hardStop: make(chan struct{}),
 		timing:   defaultTiming,
 	}
+	s.fences.Store(opts.EgressFences)
 	if s.maxBody == 0 {
 		s.maxBody = DefaultMaxBodyBytes
 	}
@@ -187,6 +187,10 @@ func New(sb sandbox.Sandbox, opts Options) (*Server, error) {
 	}
 	return s, nil
 }
+
+// SetEgressFences replaces the egress fences GET /v1/policy reports, once
+// the operator changed them on a running daemon.
+func (s *Server) SetEgressFences(f *api.EgressFences) { s.fences.Store(f) }
 
 // resolvePolicy picks the policy the API reports: the given one, or the
 // sandbox's own when none is given; a mismatch is a configuration error.

@@ -276,6 +276,10 @@ type serveConfig struct {
 	logFormat      string
 	egress         egressConfig
 	disk           diskConfig
+	// reload resolves the configuration again as at start (the same
+	// command line, the environment, the config file as it is now), for a
+	// SIGHUP; nil where nothing reloads.
+	reload func() (serveConfig, error)
 }
 
 // egressConfig is the operator's egress fences: exceptions, denials, the

@@ -1,16 +1,20 @@
 package main
 
 import (
+	"io"
 	"log/slog"
 	"net/netip"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/api"
 	"github.com/tai42/sandbox/internal/sessnet"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/server"
 )
 
 // egressReporter is what a provider that fences egress tells the daemon
@@ -116,4 +120,69 @@ func (c egressCollector) Collect(ch chan<- prometheus.Metric) {
 	} {
 		ch <- prometheus.MustNewConstMetric(egressDNSDesc, prometheus.CounterValue, float64(n), outcome)
 	}
+}
+
+// givenFlags are the flags the command line set, as arguments that set
+// them again: what a reload parses anew.
+func givenFlags(fl *pflag.FlagSet) []string {
+	var args []string
+	fl.Visit(func(f *pflag.Flag) {
+		if sv, ok := f.Value.(pflag.SliceValue); ok {
+			for _, v := range sv.GetSlice() {
+				args = append(args, "--"+f.Name+"="+v)
+			}
+			return
+		}
+		args = append(args, "--"+f.Name+"="+f.Value.String())
+	})
+	return args
+}
+
+// resolveAgain resolves the configuration of "tai42 serve" as its start
+// did, from the same command line.
+func (c *cli) resolveAgain(args []string) (serveConfig, error) {
+	fl := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	fl.SetOutput(io.Discard)
+	var f serveFlags
+	addServeFlags(fl, &f)
+	if err := fl.Parse(args); err != nil {
+		return serveConfig{}, err
+	}
+	return resolveServeConfig(fl, &f, c.lookupEnv)
+}
+
+// fenceSetter is a provider whose egress fences change while it runs.
+type fenceSetter interface {
+	SetEgressFences(allow, deny []netip.Prefix, domains []string) error
+}
+
+// reloadFences applies the egress fences of the configuration as it is now
+// (a SIGHUP: the config file edited) to the running sessions and those to
+// come. Everything else needs a restart, which the log says when it
+// changed. A configuration that does not resolve, or fences the provider
+// refuses, change nothing.
+func reloadFences(log *slog.Logger, was serveConfig, sb sandbox.Sandbox, srv *server.Server) {
+	cfg, err := was.reload()
+	if err != nil {
+		log.Error("reload refused: the configuration does not resolve; the egress fences are unchanged", "err", err)
+		return
+	}
+	if !slices.Equal(cfg.egress.dns, was.egress.dns) {
+		log.Warn("reload: the resolver's upstreams (--egress-dns, egress.dns) change at the next start only")
+	}
+	set, ok := providerOf(sb).(fenceSetter)
+	if !ok {
+		if cfg.egress.given() {
+			log.Error("reload refused: the host runner cannot fence egress; the configuration asks it to")
+		}
+		return
+	}
+	if err := set.SetEgressFences(cfg.egress.allow, cfg.egress.deny, cfg.egress.domains); err != nil {
+		log.Error("reload refused: the egress fences are unchanged", "err", err)
+		return
+	}
+	fences, _ := enforced(sb, cfg)
+	srv.SetEgressFences(fences)
+	log.Info("reload: the egress fences changed, for running sessions too")
+	logFences(log, fences, &api.DiskCap{})
 }

@@ -29,6 +29,13 @@ func (in *interruption) signal() (syscall.Signal, bool) {
 // interruption recording which signal it was, and a stop function that
 // stops watching and cancels the context (call it when done).
 func (c *cli) interruptible() (context.Context, *interruption, func()) {
+	return c.interruptibleWith(nil)
+}
+
+// interruptibleWith is interruptible, but a SIGHUP calls onHUP (on the
+// watching goroutine, one at a time) rather than interrupting, when onHUP
+// is not nil: a daemon's "reload".
+func (c *cli) interruptibleWith(onHUP func()) (context.Context, *interruption, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	in := &interruption{}
 	if c.signals == nil {
@@ -38,15 +45,22 @@ func (c *cli) interruptible() (context.Context, *interruption, func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		select {
-		case s := <-c.signals:
-			if sig, ok := s.(syscall.Signal); ok {
-				in.sig.Store(int32(sig))
-			} else {
-				in.sig.Store(int32(syscall.SIGTERM))
+		for {
+			select {
+			case s := <-c.signals:
+				if s == syscall.SIGHUP && onHUP != nil {
+					onHUP()
+					continue
+				}
+				if sig, ok := s.(syscall.Signal); ok {
+					in.sig.Store(int32(sig))
+				} else {
+					in.sig.Store(int32(syscall.SIGTERM))
+				}
+				cancel()
+			case <-stop:
 			}
-			cancel()
-		case <-stop:
+			return
 		}
 	}()
 	return ctx, in, func() {

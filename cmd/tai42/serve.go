@@ -10,6 +10,7 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -92,10 +93,12 @@ directory used by another daemon, an unreadable token file).`,
     --tls-cert cert.pem --tls-key key.pem --policy-durable=false --policy-egress none`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			given := givenFlags(cmd.Flags())
 			cfg, err := resolveServeConfig(cmd.Flags(), &f, c.lookupEnv)
 			if err != nil {
 				return &exitError{code: exitUsage, err: err}
 			}
+			cfg.reload = func() (serveConfig, error) { return c.resolveAgain(given) }
 			return c.serve(cfg)
 		},
 	}
@@ -133,10 +136,22 @@ func (c *cli) serve(cfg serveConfig) error {
 		return fail(usagef(err))
 	}
 
-	ctx, in, stop := c.interruptible()
+	var onHUP func()
+	var srv *server.Server
+	var sb sandbox.Sandbox
+	var ready atomic.Bool // srv and sb are set
+	if cfg.reload != nil {
+		onHUP = func() {
+			if ready.Load() {
+				reloadFences(log, cfg, sb, srv)
+			}
+		}
+	}
+	ctx, in, stop := c.interruptibleWith(onHUP)
 	defer stop()
 
-	sb, closeSB, err := openProvider(cfg.provider, providerConfig{
+	var closeSB func(context.Context) error
+	sb, closeSB, err = openProvider(cfg.provider, providerConfig{
 		stateDir:       cfg.stateDir,
 		policy:         cfg.policy,
 		reapInterval:   cfg.reapInterval,
@@ -183,7 +198,7 @@ func (c *cli) serve(cfg serveConfig) error {
 	if err := registerEgressMetrics(reg, sb); err != nil {
 		return fail(err)
 	}
-	srv, err := server.New(sb, server.Options{
+	srv, err = server.New(sb, server.Options{
 		Token:         token,
 		Policy:        cfg.policy,
 		EgressFences:  fences,
@@ -210,6 +225,7 @@ func (c *cli) serve(cfg serveConfig) error {
 	if tlsConf != nil && !strings.HasPrefix(addr, "unix:") {
 		addr = "https://" + addr // usable as $TAI42_URL as printed
 	}
+	ready.Store(true)
 	fmt.Fprintf(c.stderr, "tai42: listening on %s (provider %s)\n", addr, cfg.provider)
 	log.Info("serving", "addr", addr, "provider", cfg.provider, "tls", tlsConf != nil,
 		"state_dir", cfg.stateDir, "config", cfg.configFile, "version", buildVersion(),

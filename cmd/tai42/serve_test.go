@@ -329,3 +329,40 @@ func TestServeHostSaysNoFences(t *testing.T) {
 	id := strings.TrimSpace(runCLI(t, nil, env, "create", "--network", "egress").stdout)
 	runCLI(t, nil, env, "exec", id, "--", "true").want(t, 0)
 }
+
+// TestServeReload: SIGHUP reloads rather than stops the daemon; a
+// configuration that no longer resolves, or fences the host runner cannot
+// keep, are refused in the log and change nothing.
+func TestServeReload(t *testing.T) {
+	conf := writeConfig(t, "log_format = \"text\"\n")
+	s := startServe(t, map[string]string{tokenEnv: testToken}, "--listen", "127.0.0.1:0", "--state-dir", t.TempDir(), "--config", conf)
+	if s.addr == "" {
+		t.Fatalf("serve exited; stderr:\n%s", s.stderr.String())
+	}
+	hup := func(file, wantLog string) {
+		t.Helper()
+		if err := os.WriteFile(conf, []byte(file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s.sigs <- syscall.SIGHUP
+		deadline := time.Now().Add(10 * time.Second)
+		for !strings.Contains(s.stderr.String(), wantLog) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q in the log after SIGHUP:\n%s", wantLog, s.stderr.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		select {
+		case code := <-s.done:
+			t.Fatalf("serve exited %d on SIGHUP", code)
+		default:
+		}
+	}
+	hup("[egress]\ndeny = [\"10.1.2.3/8\"]\n", "10.1.2.3/8")
+	hup("[egress]\ndeny = [\"203.0.113.0/24\"]\n", "the host runner cannot fence egress")
+	env := map[string]string{urlEnv: s.addr, tokenEnv: testToken}
+	runCLI(t, nil, env, "ls").want(t, 0)
+	if code := s.stop(t, syscall.SIGTERM); code != 0 {
+		t.Errorf("exit %d after SIGTERM", code)
+	}
+}

@@ -119,7 +119,7 @@ type Stats struct {
 type Server struct {
 	addr      netip.AddrPort
 	upstreams []string // host:port
-	allow     *allowlist
+	allow     atomic.Pointer[allowlist] // nil: no filter
 	onAnswer  func(context.Context, []netip.Addr, time.Duration) error
 	minTTL    time.Duration
 	grace     time.Duration
@@ -156,13 +156,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		allow:    allow,
 		onAnswer: cfg.OnAnswer,
 		minTTL:   orDefault(cfg.MinTTL, DefaultMinTTL),
 		grace:    orDefault(cfg.Grace, DefaultGrace),
 		timeout:  orDefault(cfg.Timeout, DefaultTimeout),
 		log:      cfg.Logger,
 	}
+	s.allow.Store(allow)
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -281,6 +281,19 @@ func (s *Server) accept(h dns.Header) dns.MsgAcceptAction {
 // Addr returns the address the server listens on (with the port picked
 // when Config.Listen's was 0).
 func (s *Server) Addr() netip.AddrPort { return s.addr }
+
+// SetAllow replaces the domain allowlist (see Config.Allow; empty turns the
+// filter off) for every query from now on; a query in flight is decided by
+// the list it began with. It errs, changing nothing, on a bad pattern (a
+// *PatternError).
+func (s *Server) SetAllow(patterns []string) error {
+	allow, err := newAllowlist(patterns)
+	if err != nil {
+		return err
+	}
+	s.allow.Store(allow)
+	return nil
+}
 
 // Upstreams are the resolvers the server forwards to, in the order it
 // tries them.

@@ -594,3 +594,45 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		t.Errorf("bad pattern: %v, want a *PatternError naming it", err)
 	}
 }
+
+// TestSetAllow: the allowlist changes for the queries that follow: on from
+// no filter, replaced, and off again; a bad pattern changes nothing.
+func TestSetAllow(t *testing.T) {
+	up := newUpstream(t, false)
+	h := &hook{}
+	s := newResolver(t, up, Config{OnAnswer: h.onAnswer})
+	resolves := func(name string) bool {
+		return query(t, "udp", s.Addr(), name, dns.TypeA, 0).Rcode == dns.RcodeSuccess
+	}
+	if !resolves("denied.test.") || len(h.got()) != 0 {
+		t.Fatalf("without a filter: denied.test must resolve and OnAnswer stay uncalled (%v)", h.got())
+	}
+	if err := s.SetAllow([]string{"allowed.test"}); err != nil {
+		t.Fatal(err)
+	}
+	if resolves("denied.test.") || !resolves("allowed.test.") {
+		t.Error("after SetAllow(allowed.test): denied.test resolves, or allowed.test does not")
+	}
+	if got := h.got(); len(got) != 1 || !slices.Equal(got[0].addrs, mustAddrs("203.0.113.10")) {
+		t.Errorf("OnAnswer after the filter went on: %v, want allowed.test's address once", got)
+	}
+	var pe *PatternError
+	if err := s.SetAllow([]string{"ok.test", "bad..test"}); !errors.As(err, &pe) || pe.Pattern != "bad..test" {
+		t.Errorf("SetAllow with a bad pattern: %v, want a *PatternError naming it", err)
+	}
+	if resolves("denied.test.") || !resolves("allowed.test.") {
+		t.Error("a refused SetAllow changed the filter")
+	}
+	if err := s.SetAllow([]string{"denied.test"}); err != nil {
+		t.Fatal(err)
+	}
+	if !resolves("denied.test.") || resolves("allowed.test.") {
+		t.Error("after SetAllow(denied.test): the list was not replaced")
+	}
+	if err := s.SetAllow(nil); err != nil {
+		t.Fatal(err)
+	}
+	if !resolves("denied.test.") || !resolves("allowed.test.") {
+		t.Error("after SetAllow(nil): the filter is still on")
+	}
+}

@@ -34,7 +34,8 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		return
 	}
 	q := r.Question[0]
-	if s.allow != nil && !s.allow.allows(q.Name) {
+	allow := s.allow.Load()
+	if allow != nil && !allow.allows(q.Name) {
 		s.refused.Add(1)
 		s.log.Debug("egressdns: refused a name not in the allowlist",
 			"name", q.Name, "type", dns.Type(q.Qtype).String(), "from", w.RemoteAddr().String())
@@ -55,7 +56,7 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	} else {
 		resp.Truncate(udpSize(r))
 	}
-	if s.allow != nil && s.onAnswer != nil && resp.Rcode == dns.RcodeSuccess && (q.Qtype == dns.TypeA || q.Qtype == dns.TypeAAAA) {
+	if allow != nil && s.onAnswer != nil && resp.Rcode == dns.RcodeSuccess && (q.Qtype == dns.TypeA || q.Qtype == dns.TypeAAAA) {
 		// The addresses of what is sent, after truncation: a client never
 		// has more to connect to.
 		if addrs, ttl := answerAddrs(q.Name, q.Qtype, resp.Answer); len(addrs) > 0 {

@@ -64,6 +64,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -236,8 +237,11 @@ type provider struct {
 	locks    *sessionlock.Dir
 	cgroups  cgroupLayout
 	userns   *os.File // the sessions' user namespace; nil: none
-	egress   *egress  // the egress sessions' resolver; nil: none
+	egress   *egress  // the egress sessions' resolver; nil: none; set under fenceMu
 	closeOne sync.Once
+
+	fenceMu  sync.Mutex
+	opFences operatorFences // guarded by fenceMu
 
 	recoverMu sync.Mutex
 	recovered bool        // Recover has begun; guarded by recoverMu
@@ -285,6 +289,8 @@ func newProvider(opts Options) (_ *provider, err error) {
 		root:    root,
 		sessDir: filepath.Join(root, "sessions"),
 		perDir:  filepath.Join(root, "workspaces"),
+		opFences: operatorFences{allow: slices.Clone(opts.EgressAllow), deny: slices.Clone(opts.EgressDeny),
+			domains: slices.Clone(opts.EgressAllowDomains)},
 	}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -40,14 +41,82 @@ type egress struct {
 	net atomic.Pointer[sessnet.Manager] // the manager AllowAddrs goes to
 }
 
-// fences are the operator's fences as the network manager takes them;
-// ResolverPort is set once the resolver listens.
+// operatorFences are the operator's egress fences, as Options gave them
+// or SetEgressFences changed them.
+type operatorFences struct {
+	allow, deny []netip.Prefix
+	domains     []string
+}
+
+// fences are the operator's fences as the network manager takes them, with
+// the resolver's port once it listens.
 func (p *provider) fences() sessnet.Fences {
-	return sessnet.Fences{
-		Allow:        p.opts.EgressAllow,
-		Deny:         p.opts.EgressDeny,
-		DomainFilter: len(p.opts.EgressAllowDomains) > 0,
+	p.fenceMu.Lock()
+	defer p.fenceMu.Unlock()
+	return p.fencesLocked()
+}
+
+func (p *provider) fencesLocked() sessnet.Fences {
+	f := sessnet.Fences{Allow: p.opFences.allow, Deny: p.opFences.deny, DomainFilter: len(p.opFences.domains) > 0}
+	if p.egress != nil && p.egress.dns != nil {
+		f.ResolverPort = p.egress.dns.Addr().Port()
 	}
+	return f
+}
+
+// SetEgressFences replaces the operator's egress fences (see
+// Options.EgressAllow, EgressDeny and EgressAllowDomains) for the sessions
+// that run now and those to come: the rules change in one nftables
+// transaction, the resolver's allowlist with the next query. The resolver
+// changes first when the domain filter goes on (so that the sets fill as
+// names resolve), the rules first when it goes off. It errs, changing
+// nothing, on a malformed value, a domain allowlist without a resolver, or
+// a provider given its network manager (Options.Network), whose fences are
+// its owner's.
+func (p *provider) SetEgressFences(allow, deny []netip.Prefix, domains []string) error {
+	if err := sessnet.ValidateFences(sessnet.Fences{Allow: allow, Deny: deny}); err != nil {
+		return fmt.Errorf("container: egress fences: %w", err)
+	}
+	for _, d := range domains {
+		if err := egressdns.ValidPattern(d); err != nil {
+			return fmt.Errorf("container: egress domain allowlist: %w", err)
+		}
+	}
+	if !p.ready.Load() || !p.ownNet {
+		return errors.New("container: the egress fences belong to the network manager's owner (Options.Network), or the provider is not up yet")
+	}
+	p.fenceMu.Lock()
+	defer p.fenceMu.Unlock()
+	hasDNS := p.egress != nil && p.egress.dns != nil
+	if len(domains) > 0 && !hasDNS {
+		return errors.New("container: a domain allowlist needs the egress sessions' resolver, which could not start (see the log at start)")
+	}
+	old := p.opFences
+	p.opFences = operatorFences{allow: slices.Clone(allow), deny: slices.Clone(deny), domains: slices.Clone(domains)}
+	filterOff := len(old.domains) > 0 && len(domains) == 0
+	setDNS := func() error {
+		if !hasDNS {
+			return nil
+		}
+		return p.egress.dns.SetAllow(domains)
+	}
+	var err error
+	if filterOff {
+		if err = p.net.SetFences(p.fencesLocked()); err == nil {
+			err = setDNS()
+		}
+	} else if err = setDNS(); err == nil {
+		err = p.net.SetFences(p.fencesLocked())
+	}
+	if err != nil {
+		// Back to the old fences, as far as they had changed.
+		p.opFences = old
+		if hasDNS {
+			p.egress.dns.SetAllow(old.domains)
+		}
+		return fmt.Errorf("container: changing the egress fences: %w", err)
+	}
+	return nil
 }
 
 // startEgress starts the egress sessions' resolver on m's egress gateway
@@ -62,27 +131,28 @@ func (p *provider) startEgress(m *sessnet.Manager) error {
 		Listen:     netip.AddrPortFrom(m.EgressGateway(), 0),
 		Upstreams:  p.opts.EgressDNS,
 		ResolvConf: p.opts.EgressResolvConf,
-		Allow:      p.opts.EgressAllowDomains,
+		Allow:      p.opFences.domains,
 		OnAnswer: func(_ context.Context, addrs []netip.Addr, ttl time.Duration) error {
 			return e.net.Load().AllowAddrs(addrs, ttl)
 		},
 		Logger: p.log,
 	})
 	if err != nil {
-		if len(p.opts.EgressAllowDomains) > 0 {
+		if len(p.opFences.domains) > 0 {
 			return fmt.Errorf("the egress sessions' resolver, which the domain allowlist needs: %w", err)
 		}
 		p.log.Warn("container: egress sessions get no DNS: their resolver cannot start (give upstreams with --egress-dns)", "err", err)
 		return nil
 	}
-	f := p.fences()
-	f.ResolverPort = srv.Addr().Port()
-	if err := m.SetFences(f); err != nil {
-		srv.Close()
-		return fmt.Errorf("pointing the egress fences at the sessions' resolver: %w", err)
-	}
+	p.fenceMu.Lock()
+	defer p.fenceMu.Unlock()
 	e.dns = srv
 	p.egress = e
+	if err := m.SetFences(p.fencesLocked()); err != nil {
+		srv.Close()
+		p.egress = nil
+		return fmt.Errorf("pointing the egress fences at the sessions' resolver: %w", err)
+	}
 	return nil
 }
 
@@ -118,11 +188,13 @@ func (p *provider) writeResolvConf(dir string) (string, error) {
 
 // Egress reports what the provider enforces on network "egress".
 func (p *provider) Egress() EgressInfo {
+	p.fenceMu.Lock()
+	defer p.fenceMu.Unlock()
 	info := EgressInfo{
 		HostNetworks: true,
-		Allow:        p.opts.EgressAllow,
-		Deny:         p.opts.EgressDeny,
-		AllowDomains: p.opts.EgressAllowDomains,
+		Allow:        slices.Clone(p.opFences.allow),
+		Deny:         slices.Clone(p.opFences.deny),
+		AllowDomains: slices.Clone(p.opFences.domains),
 	}
 	info.Refused = sessnet.RefusedPrefixes()
 	if p.egress != nil && p.egress.dns != nil {
