@@ -118,7 +118,7 @@ type Stats struct {
 // Server is a running resolver. Its methods are safe for concurrent use.
 type Server struct {
 	addr      netip.AddrPort
-	upstreams []string // host:port
+	upstreams []string                  // host:port
 	allow     atomic.Pointer[allowlist] // nil: no filter
 	onAnswer  func(context.Context, []netip.Addr, time.Duration) error
 	minTTL    time.Duration
