@@ -136,7 +136,7 @@ func DynamicAgent(t testing.TB) string {
 	t.Helper()
 	Require(t)
 	dynamic.once.Do(func() {
-		dynamic.path, dynamic.skip, dynamic.err = BuildDynamic(filepath.Join(env.dir, "tai42-cgo"))
+		dynamic.path, dynamic.skip, dynamic.err = buildDynamic(filepath.Join(env.dir, "tai42-cgo"))
 	})
 	if dynamic.skip != "" {
 		t.Skip(dynamic.skip)
@@ -147,10 +147,10 @@ func DynamicAgent(t testing.TB) string {
 	return dynamic.path
 }
 
-// BuildDynamic builds tai42 at out with CGO_ENABLED=1 and checks that it
+// buildDynamic builds tai42 at out with CGO_ENABLED=1 and checks that it
 // is dynamically linked. skip, when not empty, says why cgo cannot build
 // here (no C compiler, or a toolchain that links statically anyway).
-func BuildDynamic(out string) (path, skip string, err error) {
+func buildDynamic(out string) (path, skip string, err error) {
 	cc, err := exec.Command("go", "env", "CC").Output()
 	if err != nil {
 		return "", "", fmt.Errorf("go env CC: %w", err)
