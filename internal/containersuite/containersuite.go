@@ -224,9 +224,18 @@ var restartSeq atomic.Uint32
 // abandoning it (kit.Sandbox.Abandon: its containers, mounts, cgroups and
 // networks stay, as after a SIGKILL).
 func Restartable(rt string) func(t *testing.T, cfg sandboxtest.Config) (sandbox.Sandbox, func(crash bool) sandbox.Sandbox) {
+	return RestartableAgent(rt, "")
+}
+
+// RestartableAgent is Restartable with agent as the agent binary ("" for
+// the static one).
+func RestartableAgent(rt, agent string) func(t *testing.T, cfg sandboxtest.Config) (sandbox.Sandbox, func(crash bool) sandbox.Sandbox) {
 	return func(t *testing.T, cfg sandboxtest.Config) (sandbox.Sandbox, func(crash bool) sandbox.Sandbox) {
 		t.Helper()
 		opts := Options(t, rt, cfg.Policy)
+		if agent != "" {
+			opts.AgentBinary = agent
+		}
 		opts.ReapInterval = cfg.ReapInterval
 		n := restartSeq.Add(1)
 		k := byte(os.Getpid() % 250)

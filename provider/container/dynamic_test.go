@@ -17,6 +17,7 @@ import (
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/containersuite"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/sandboxtest"
 )
 
 // TestDynamicAgent runs sessions whose agent is tai42 built with cgo (as
@@ -217,4 +218,36 @@ func elfDeps(t *testing.T, name string) (string, []string) {
 		t.Fatal(err)
 	}
 	return interp, needed
+}
+
+// TestDynamicAgentRecover: a session whose agent is dynamically linked
+// comes back after its provider's process died (a durable ledger, the
+// provider abandoned as SIGKILL leaves it): same session, its process left
+// running still there, and new execs run through the same agent.
+func TestDynamicAgentRecover(t *testing.T) {
+	agent := containersuite.DynamicAgent(t)
+	forEachRuntime(t, func(t *testing.T, rt string) {
+		sb, restart := containersuite.RestartableAgent(rt, agent)(t, sandboxtest.Config{Policy: permissive, ReapInterval: time.Hour})
+		sess, err := sb.CreateSession(ctxFor(t), spec(containersuite.Busybox, sandbox.NetworkNone))
+		if err != nil {
+			t.Fatalf("CreateSession: %v", err)
+		}
+		mustSh(t, sess, `setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $! > /workspace/pid`)
+		sb = restart(true)
+		back, err := sb.GetSession(ctxFor(t), sess.ID())
+		if err != nil {
+			t.Fatalf("the session after the restart: %v", err)
+		}
+		out := mustSh(t, back, `kill -0 "$(cat /workspace/pid)" && tr '\0' ' ' </proc/1/cmdline; echo; echo ok; env`)
+		cmdline, rest, _ := strings.Cut(out, "\n")
+		if !strings.HasPrefix(cmdline, "/.tai42/lib/ld-") {
+			t.Errorf("PID 1 after the restart: %q", cmdline)
+		}
+		if !strings.HasPrefix(rest, "ok\n") || strings.Contains(rest, "\nLD_") {
+			t.Errorf("an exec after the restart printed %q", rest)
+		}
+		if err := back.Destroy(ctxFor(t)); err != nil {
+			t.Errorf("Destroy after the restart: %v", err)
+		}
+	})
 }
