@@ -26,7 +26,9 @@ const agentLibDir = "/.tai42/lib"
 // binary and that directory explicitly. Nothing is put in the agent's
 // environment, so the commands it starts run with the image's own loader
 // and libraries and see no LD_* variable; and no other file of the host
-// enters a session.
+// enters a session. (A DT_RPATH, which the loader searches before the
+// library path it is given, would name directories of the image in a
+// session; Go's linker writes none unless asked, with -ldflags -r.)
 type agentLoad struct {
 	binary string // the binary on the host
 	loader string // the loader's path in a session; "" when static
@@ -45,13 +47,13 @@ func (a agentLoad) args() []string {
 	return append([]string{a.loader, "--library-path", agentLibDir}, cmd...)
 }
 
-// loadAgent reads the ELF binary at path and resolves, when it is
+// loadAgent reads the ELF file binary and resolves, when it is
 // dynamically linked, its loader (PT_INTERP) and every library it needs
 // (DT_NEEDED, recursively), searched as the loader searches: the object's
 // DT_RPATH (and the executable's) unless it has a DT_RUNPATH, its
 // DT_RUNPATH, the directories of /etc/ld.so.conf, the default ones; a
 // candidate of another ELF class or machine is passed over, as the loader
-// does. It fails, naming the file, when path is not an ELF executable,
+// does. It fails when binary is not an ELF executable,
 // when a needed library is not found (naming the library and the object
 // that needs it), or when a library is needed by a path.
 func loadAgent(binary string) (agentLoad, error) {

@@ -43,7 +43,8 @@ type specInput struct {
 	pids        int64
 }
 
-// buildSpec is the session's container: the agent as PID 1 in new pid,
+// buildSpec is the session's container: the agent as PID 1 (through its
+// own loader and libraries when it is dynamically linked) in new pid,
 // ipc, uts, mount and cgroup namespaces (and a user namespace when
 // remapped), the session's network namespace, a private /tmp, the
 // workspace, the caps as cgroup limits, and the hardening (no new
