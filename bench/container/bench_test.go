@@ -50,8 +50,25 @@ func BenchmarkCreateFirstExec(b *testing.B) {
 	runPeers(b, peers)
 }
 
+// BenchmarkCreateFirstExecAgent is BenchmarkCreateFirstExec's own
+// variants with the static agent (CGO_ENABLED=0) and with the dynamically
+// linked one (tai42 built with cgo, run through its own loader and
+// libraries, bound under /.tai42/lib).
+func BenchmarkCreateFirstExecAgent(b *testing.B) {
+	for _, v := range ourPeers {
+		b.Run(ourName(v.rt, v.image)+"-static", func(b *testing.B) { oursCreateFirstExecAgent(b, v.rt, v.image, "") })
+		b.Run(ourName(v.rt, v.image)+"-dynamic", func(b *testing.B) {
+			oursCreateFirstExecAgent(b, v.rt, v.image, containersuite.DynamicAgent(b))
+		})
+	}
+}
+
 func oursCreateFirstExec(b *testing.B, rt, image string) {
-	sb, _ := newProvider(b, rt)
+	oursCreateFirstExecAgent(b, rt, image, "")
+}
+
+func oursCreateFirstExecAgent(b *testing.B, rt, image, agent string) {
+	sb, _ := newProviderAgent(b, rt, agent)
 	ctx := context.Background()
 	op := func() (time.Duration, string, error) {
 		t0 := time.Now()

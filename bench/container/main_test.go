@@ -97,11 +97,21 @@ func (p *tracked) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (
 // made through it left its directory, a cgroup or a mount.
 func newProvider(b testing.TB, rt string) (*tracked, container.Options) {
 	b.Helper()
+	return newProviderAgent(b, rt, "")
+}
+
+// newProviderAgent is newProvider with agent as the agent binary ("" for
+// the suite's static one).
+func newProviderAgent(b testing.TB, rt, agent string) (*tracked, container.Options) {
+	b.Helper()
 	if !containersuite.HasRuntime(rt) {
 		b.Skipf("%s is not installed (apt-get install -y %s)", rt, rt)
 	}
 	opts := containersuite.Options(b, rt, policy)
 	opts.ReapInterval = -1
+	if agent != "" {
+		opts.AgentBinary = agent
+	}
 	p := &tracked{}
 	// Registered before containersuite.New's Close, so it runs after it.
 	b.Cleanup(func() {

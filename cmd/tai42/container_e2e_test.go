@@ -2,12 +2,16 @@ package main
 
 import (
 	"bytes"
+	"debug/elf"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/tai42/sandbox/internal/testimage"
 )
 
 // requireContainer skips a test of the container provider where it cannot
@@ -22,7 +26,7 @@ func requireContainer(t *testing.T) {
 	}
 }
 
-// TestBinaryContainer runs the real, static binary on the container
+// TestBinaryContainer runs the real binary, static, on the container
 // provider as the README does: "tai42 run --provider container --image
 // host -- CMD", then "tai42 serve --provider container" with the client
 // commands; each leaves no session directory behind.
@@ -102,5 +106,122 @@ func TestBinaryContainer(t *testing.T) {
 	entries, _ := os.ReadDir(filepath.Join(dstate, "container", "sessions"))
 	if len(entries) != 0 {
 		t.Errorf("the daemon left session directories after SIGTERM: %d", len(entries))
+	}
+}
+
+// TestBinaryContainerCgo builds tai42 the ordinary way with cgo on (as
+// `go build` does where a C compiler is installed: dynamically linked) and
+// runs it on the container provider as a user would: "tai42 run" in the
+// host image and in an imported busybox image, which has no libc; then
+// "tai42 serve" on crun with create, exec, cp both ways and rm. The
+// commands see no LD_* variable, and nothing is left.
+func TestBinaryContainerCgo(t *testing.T) {
+	requireContainer(t)
+	bin := buildBinaryEnv(t, "CGO_ENABLED=1")
+	if f, err := elf.Open(bin); err != nil {
+		t.Fatal(err)
+	} else {
+		dynamic := slices.ContainsFunc(f.Progs, func(p *elf.Prog) bool { return p.Type == elf.PT_INTERP })
+		f.Close()
+		if !dynamic {
+			t.Skip("cgo is unavailable: the CGO_ENABLED=1 build is static (no C compiler? apt-get install -y gcc)")
+		}
+	}
+	state := t.TempDir()
+	path := "PATH=" + os.Getenv("PATH")
+	run := func(env []string, stdin string, args ...string) (string, string, int) {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = env
+		cmd.Stdin = strings.NewReader(stdin)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		var ee *exec.ExitError
+		switch {
+		case errors.As(err, &ee):
+			return out.String(), errb.String(), ee.ExitCode()
+		case err != nil:
+			t.Fatalf("tai42 %v: %v", args, err)
+		}
+		return out.String(), errb.String(), 0
+	}
+	// checkEnv checks the output of `echo ok; env`.
+	checkEnv := func(what, out string) {
+		t.Helper()
+		first, env, _ := strings.Cut(out, "\n")
+		if first != "ok" {
+			t.Errorf("%s: stdout %q, want ok and the environment", what, out)
+		}
+		for kv := range strings.SplitSeq(env, "\n") {
+			if strings.HasPrefix(kv, "LD_") {
+				t.Errorf("%s: the command's environment holds %q", what, kv)
+			}
+		}
+	}
+	sessionsLeft := func(state string) {
+		t.Helper()
+		entries, _ := os.ReadDir(filepath.Join(state, "container", "sessions"))
+		for _, e := range entries {
+			t.Errorf("session directory left in %s: %s", state, e.Name())
+		}
+	}
+	importBusybox := func(state string) {
+		t.Helper()
+		layout := testimage.BusyboxLayout(t, filepath.Join(t.TempDir(), "oci"), "busybox:test")
+		if _, errOut, code := run([]string{path, "TAI42_STATE_DIR=" + state}, "", "image", "import", layout, "--name", "busybox:test"); code != 0 {
+			t.Fatalf("tai42 image import: exit %d, stderr %q", code, errOut)
+		}
+	}
+
+	importBusybox(state)
+	env := []string{path, "TAI42_STATE_DIR=" + state}
+	for _, image := range []string{"host", "busybox:test"} {
+		out, errOut, code := run(env, "", "run", "--provider", "container", "--image", image, "--", "sh", "-c", "echo ok; env")
+		if code != 0 {
+			t.Errorf("tai42 run --image %s: exit %d, stdout %q, stderr %q", image, code, out, errOut)
+			continue
+		}
+		checkEnv("tai42 run --image "+image, out)
+	}
+	sessionsLeft(state)
+
+	rt := "crun"
+	if _, err := exec.LookPath(rt); err != nil {
+		rt = "runc"
+	}
+	dstate := t.TempDir()
+	importBusybox(dstate)
+	d := startDaemonProc(t, bin, []string{path}, "--listen", "127.0.0.1:0", "--state-dir", dstate, "--provider", "container", "--runtime", rt, "--log-format", "text")
+	token, err := os.ReadFile(filepath.Join(dstate, "token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cenv := []string{path, "TAI42_URL=http://" + d.addr, "TAI42_TOKEN=" + strings.TrimSpace(string(token))}
+	out, errOut, code := run(cenv, "", "create", "--image", "busybox:test")
+	id := strings.TrimSpace(out)
+	if code != 0 || id == "" {
+		t.Fatalf("create on %s: exit %d, stderr %q", rt, code, errOut)
+	}
+	out, errOut, code = run(cenv, "", "exec", id, "--", "sh", "-c", "echo ok; env")
+	if code != 0 {
+		t.Errorf("exec: exit %d, stderr %q", code, errOut)
+	}
+	checkEnv("tai42 exec on "+rt, out)
+	if _, errOut, code := run(cenv, "through the cgo agent\n", "cp", "-", id+":d/f.txt"); code != 0 {
+		t.Errorf("cp in: exit %d, stderr %q", code, errOut)
+	}
+	if out, errOut, code := run(cenv, "", "cp", id+":d/f.txt", "-"); code != 0 || out != "through the cgo agent\n" {
+		t.Errorf("cp out: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if _, errOut, code := run(cenv, "", "rm", id); code != 0 {
+		t.Errorf("rm: exit %d, stderr %q", code, errOut)
+	}
+	sessionsLeft(dstate)
+	if code, _ := d.stop(t); code != 0 {
+		t.Errorf("the daemon exited %d on SIGTERM; stderr:\n%s", code, d.stderr.String())
+	}
+	if s := d.stderr.String(); strings.Contains(s, "level=WARN") || strings.Contains(s, "level=ERROR") {
+		t.Errorf("the daemon warned:\n%s", s)
 	}
 }

@@ -47,7 +47,7 @@ var (
 	crashProviders = flag.String("crash.providers", "host,container", "crash test: the providers to run, comma-separated (host, container)")
 	crashSeed      = flag.Uint64("crash.seed", 0, "crash test: the seed of its random choices (load length, ops, specs, contents); 0 draws one, which the test prints")
 	crashWorkers   = flag.Int("crash.workers", 8, "crash test: goroutines driving the load")
-	crashBin       = flag.String("crash.bin", "", "crash test: a static tai42 binary (CGO_ENABLED=0) to test instead of building this tree's")
+	crashBin       = flag.String("crash.bin", "", "crash test: a tai42 binary to test instead of building this tree's")
 	crashKeepGoing = flag.Bool("crash.keepgoing", false, "crash test: go on with the next rounds after a round failed (by default the run stops there, cleans up and reports)")
 )
 

@@ -16,17 +16,23 @@ import (
 	"time"
 )
 
-// buildBinary builds tai42 into a temporary directory (skipped with -short).
+// buildBinary builds tai42 into a temporary directory (skipped with -short),
+// static (CGO_ENABLED=0).
 func buildBinary(t *testing.T) string {
+	t.Helper()
+	return buildBinaryEnv(t, "CGO_ENABLED=0")
+}
+
+// buildBinaryEnv builds tai42 into a temporary directory with env added to
+// this process's environment (skipped with -short).
+func buildBinaryEnv(t *testing.T, env ...string) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
 	bin := filepath.Join(t.TempDir(), "tai42")
 	build := exec.Command("go", "build", "-o", bin, ".")
-	// Static, as the README builds it: the container provider runs the
-	// binary itself as each container's agent.
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build.Env = append(os.Environ(), env...)
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

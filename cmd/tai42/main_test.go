@@ -11,7 +11,8 @@ func TestMain(m *testing.M) {
 	// The CLI's tests run on the host runner unless they name a provider:
 	// the default depends on the machine (the container provider where an
 	// OCI runtime is installed and we are root), and the container
-	// provider needs a static agent binary, which a test binary is not.
+	// provider runs its own executable as each container's agent, and a
+	// test binary is not tai42.
 	// The container provider's CLI paths have tests that name it.
 	defaultProvider = host.Name
 	os.Exit(m.Run())

@@ -1,5 +1,6 @@
 // Package containersuite is what tests of the container provider share: a
-// static agent binary built once per test binary, one network manager for
+// static agent binary built once per test binary (and a dynamically linked
+// one, built with cgo, when a test asks), one network manager for
 // every provider of the process (each sweeps what its prefix names), a
 // shared image store holding the busybox test image, and a fresh provider
 // per test.
@@ -9,12 +10,14 @@ package containersuite
 
 import (
 	"context"
+	"debug/elf"
 	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -117,6 +120,66 @@ func Require(t testing.TB) {
 // Agent is the static agent binary.
 func Agent(t testing.TB) string { Require(t); return env.agent }
 
+// dynamic is the agent DynamicAgent built, once.
+var dynamic struct {
+	once sync.Once
+	path string
+	skip string // why cgo cannot build one here
+	err  error
+}
+
+// DynamicAgent is tai42 built as `go build` builds it where a C compiler
+// is installed: with cgo, so dynamically linked (it has a PT_INTERP). It
+// skips t, saying why, when cgo cannot build here; a build that fails
+// otherwise fails t.
+func DynamicAgent(t testing.TB) string {
+	t.Helper()
+	Require(t)
+	dynamic.once.Do(func() {
+		dynamic.path, dynamic.skip, dynamic.err = buildDynamic(filepath.Join(env.dir, "tai42-cgo"))
+	})
+	if dynamic.skip != "" {
+		t.Skip(dynamic.skip)
+	}
+	if dynamic.err != nil {
+		t.Fatal(dynamic.err)
+	}
+	return dynamic.path
+}
+
+// buildDynamic builds tai42 at out with CGO_ENABLED=1 and checks that it
+// is dynamically linked. skip, when not empty, says why cgo cannot build
+// here (no C compiler, or a toolchain that links statically anyway).
+func buildDynamic(out string) (path, skip string, err error) {
+	cc, err := exec.Command("go", "env", "CC").Output()
+	if err != nil {
+		return "", "", fmt.Errorf("go env CC: %w", err)
+	}
+	compiler := strings.Fields(string(cc)) // a command, with flags maybe
+	if len(compiler) == 0 {
+		return "", "cgo is unavailable: go env CC names no C compiler", nil
+	}
+	if _, err := exec.LookPath(compiler[0]); err != nil {
+		return "", fmt.Sprintf("cgo is unavailable: no C compiler (%s; apt-get install -y gcc)", err), nil
+	}
+	build := exec.Command("go", "build", "-o", out, "github.com/tai42/sandbox/cmd/tai42")
+	build.Env = append(os.Environ(), "CGO_ENABLED=1")
+	if b, err := build.CombinedOutput(); err != nil {
+		return "", "", fmt.Errorf("building tai42 with cgo: %v: %s", err, b)
+	}
+	f, err := elf.Open(out)
+	if err != nil {
+		return "", "", fmt.Errorf("the cgo build of tai42: %w", err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return out, "", nil
+		}
+	}
+	return "", "cgo is unavailable: the cgo build of tai42 has no dynamic loader (PT_INTERP)", nil
+}
+
 // Network is the process's shared network manager.
 func Network(t testing.TB) *sessnet.Manager { Require(t); return env.net }
 
@@ -161,9 +224,18 @@ var restartSeq atomic.Uint32
 // abandoning it (kit.Sandbox.Abandon: its containers, mounts, cgroups and
 // networks stay, as after a SIGKILL).
 func Restartable(rt string) func(t *testing.T, cfg sandboxtest.Config) (sandbox.Sandbox, func(crash bool) sandbox.Sandbox) {
+	return RestartableAgent(rt, "")
+}
+
+// RestartableAgent is Restartable with agent as the agent binary ("" for
+// the static one).
+func RestartableAgent(rt, agent string) func(t *testing.T, cfg sandboxtest.Config) (sandbox.Sandbox, func(crash bool) sandbox.Sandbox) {
 	return func(t *testing.T, cfg sandboxtest.Config) (sandbox.Sandbox, func(crash bool) sandbox.Sandbox) {
 		t.Helper()
 		opts := Options(t, rt, cfg.Policy)
+		if agent != "" {
+			opts.AgentBinary = agent
+		}
 		opts.ReapInterval = cfg.ReapInterval
 		n := restartSeq.Add(1)
 		k := byte(os.Getpid() % 250)

@@ -1,7 +1,9 @@
 // Package container is the container provider: isolation "container". Each
 // session is one OCI container, run by an OCI runtime binary (runc by
 // default, crun when configured), whose PID 1 is the in-sandbox agent
-// (`tai42 agent`, the same static binary, bind-mounted read-only). The
+// (`tai42 agent`, the same binary, bind-mounted read-only; when it is
+// dynamically linked, with its loader and libraries, see
+// Options.AgentBinary). The
 // provider reaches the agent over a unix socket it made and handed to the
 // container; each exec and each file transfer is one connection to it, not
 // a runtime call.
@@ -109,8 +111,14 @@ type Options struct {
 	// Runtime is the OCI runtime: "runc" (the default) or "crun", by name
 	// in PATH or by path.
 	Runtime string
-	// AgentBinary is a static tai42 binary (CGO_ENABLED=0) to run as each
-	// container's PID 1. "" means this process's own executable.
+	// AgentBinary is the tai42 binary to run as each container's PID 1;
+	// "" means this process's own executable. It may be static or
+	// dynamically linked (cgo, the default where a C compiler is
+	// installed): a dynamically linked one runs in a session through its
+	// own dynamic loader and libraries, resolved at New and bound
+	// read-only under /.tai42/lib, since an image may have no libc or
+	// another one; the commands it starts use the image's. New fails when
+	// it is not an ELF executable or a library it needs is not found.
 	AgentBinary string
 	// MaxOutputBytes bounds each of stdout and stderr held in memory by a
 	// non-interactive exec. 0 means [DefaultMaxOutputBytes].
@@ -229,11 +237,11 @@ type provider struct {
 	images   *imagestore.Store
 	host     imagestore.HostImage
 	net      *sessnet.Manager
-	ownNet   bool   // net is the provider's own, closed with it
-	agent    string // the agent binary on the host
-	root     string // the provider's directory in the state directory
-	sessDir  string // per-session bundles
-	perDir   string // persistent workspaces, one per key
+	ownNet   bool      // net is the provider's own, closed with it
+	agent    agentLoad // the agent binary on the host, and how it runs
+	root     string    // the provider's directory in the state directory
+	sessDir  string    // per-session bundles
+	perDir   string    // persistent workspaces, one per key
 	locks    *sessionlock.Dir
 	cgroups  cgroupLayout
 	userns   *os.File // the sessions' user namespace; nil: none
@@ -336,24 +344,29 @@ func newProvider(opts Options) (_ *provider, err error) {
 	return p, nil
 }
 
-// agentBinary is the agent to bind into containers: name, or this process's
-// executable; it must be a static binary, since an image may hold no libc.
-func agentBinary(name string) (string, error) {
+// agentBinary is the agent to bind into containers, name or this
+// process's executable, and how a session runs it (see agentLoad): static,
+// as it is; dynamically linked, with its loader and libraries.
+func agentBinary(name string) (agentLoad, error) {
 	if name == "" {
 		exe, err := os.Executable()
 		if err != nil {
-			return "", fmt.Errorf("the agent binary: %w", err)
+			return agentLoad{}, fmt.Errorf("the agent binary: %w", err)
 		}
 		name = exe
 	}
 	abs, err := filepath.Abs(name)
 	if err != nil {
-		return "", err
+		return agentLoad{}, err
 	}
-	if err := checkStatic(abs); err != nil {
-		return "", fmt.Errorf("the agent binary %s: %w", abs, err)
+	if _, err := os.Stat(abs); err != nil {
+		return agentLoad{}, fmt.Errorf("the agent binary: %w", err)
 	}
-	return abs, nil
+	a, err := loadAgent(abs)
+	if err != nil {
+		return agentLoad{}, fmt.Errorf("the agent binary %s: %w", abs, err)
+	}
+	return a, nil
 }
 
 // Close releases what the provider holds itself: the network's bridges and

@@ -1,10 +1,8 @@
 package container
 
 import (
-	"debug/elf"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -34,23 +32,4 @@ func unmount(target string) error {
 		return nil
 	}
 	return fmt.Errorf("unmount %s: %w", target, err)
-}
-
-// checkStatic refuses a binary that needs a dynamic loader: the agent runs
-// in images without a libc.
-func checkStatic(path string) error {
-	f, err := elf.Open(path)
-	if err != nil {
-		return fmt.Errorf("not an ELF executable: %w", err)
-	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			return errors.New("it is dynamically linked; build tai42 with CGO_ENABLED=0 so it runs in any image")
-		}
-	}
-	if _, err := os.Stat(path); err != nil {
-		return err
-	}
-	return nil
 }

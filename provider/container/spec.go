@@ -29,14 +29,14 @@ type bind struct{ source, dest string }
 
 // specInput is what one session's OCI config is made of.
 type specInput struct {
-	remap       bool   // a user namespace of UserNamespaceBase's mapping
-	sysfs       string // when remapped, the session's sysfs, mounted
-	rootfs      string // the session's root overlay, mounted
-	workspace   string // the host directory bind-mounted at /workspace
-	agent       string // the static tai42 binary, bind-mounted read-only
-	netns       string // the network namespace to join
-	binds       []bind // the host image's read-only views
-	resolvConf  string // the file bound read-only at /etc/resolv.conf; "" for none
+	remap       bool      // a user namespace of UserNamespaceBase's mapping
+	sysfs       string    // when remapped, the session's sysfs, mounted
+	rootfs      string    // the session's root overlay, mounted
+	workspace   string    // the host directory bind-mounted at /workspace
+	agent       agentLoad // the tai42 binary, its loader and libraries, bound read-only
+	netns       string    // the network namespace to join
+	binds       []bind    // the host image's read-only views
+	resolvConf  string    // the file bound read-only at /etc/resolv.conf; "" for none
 	hostname    string
 	cgroupsPath string
 	cpu         float64
@@ -44,7 +44,8 @@ type specInput struct {
 	pids        int64
 }
 
-// buildSpec is the session's container: the agent as PID 1 in new pid,
+// buildSpec is the session's container: the agent as PID 1 (through its
+// own loader and libraries when it is dynamically linked) in new pid,
 // ipc, uts, mount and cgroup namespaces (and a user namespace when
 // remapped), the session's network namespace, a private /tmp, the
 // workspace, the caps as cgroup limits, and the hardening (no new
@@ -56,7 +57,7 @@ func buildSpec(in specInput) *specs.Spec {
 		Root:     &specs.Root{Path: in.rootfs},
 		Hostname: in.hostname,
 		Process: &specs.Process{
-			Args: []string{agentPath, "agent", "--listen-fd", "3"},
+			Args: in.agent.args(),
 			// One P: the agent idles in every session and its work is
 			// I/O; a P's caches are a quarter megabyte of each session's
 			// memory. (Commands get the environment their request gives,
@@ -74,7 +75,7 @@ func buildSpec(in specInput) *specs.Spec {
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
 			{Destination: workspaceDir, Type: "bind", Source: in.workspace, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
-			{Destination: agentPath, Type: "bind", Source: in.agent, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+			{Destination: agentPath, Type: "bind", Source: in.agent.binary, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 		},
 		Linux: &specs.Linux{
 			CgroupsPath: in.cgroupsPath,
@@ -103,6 +104,9 @@ func buildSpec(in specInput) *specs.Spec {
 				s.Mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: in.sysfs, Options: []string{"bind", "ro", "nosuid", "noexec", "nodev"}}
 			}
 		}
+	}
+	for _, b := range in.agent.libs {
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: b.dest, Type: "bind", Source: b.source, Options: []string{"bind", "ro", "nosuid", "nodev"}})
 	}
 	for _, b := range in.binds {
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: b.dest, Type: "bind", Source: b.source, Options: []string{"rbind", "ro", "nosuid", "nodev"}})

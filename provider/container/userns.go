@@ -114,7 +114,7 @@ func (p *provider) openUserNS() (_ *os.File, err error) {
 			return nil, fmt.Errorf("the sessions' root mount points: %w", err)
 		}
 	}
-	ns, err := newUserNS(p.agent)
+	ns, err := newUserNS(p.agent.binary)
 	if err != nil {
 		return nil, err
 	}
