@@ -63,6 +63,8 @@ func (p *provider) startEgress(m *sessnet.Manager) error {
 		Upstreams:  p.opts.EgressDNS,
 		ResolvConf: p.opts.EgressResolvConf,
 		Allow:      p.opts.EgressAllowDomains,
+		MinTTL:     p.opts.EgressAllowMinTTL,
+		Grace:      p.opts.EgressAllowGrace,
 		OnAnswer: func(_ context.Context, addrs []netip.Addr, ttl time.Duration) error {
 			return e.net.Load().AllowAddrs(addrs, ttl)
 		},
