@@ -169,13 +169,18 @@ func TestEscapeNetwork(t *testing.T) {
 		for _, s := range sessions {
 			egress := strings.HasPrefix(s.kind, "egress")
 			wg.Go(func() {
+				// Dropped: each attempt waits out its timeout.
+				var hosts sync.WaitGroup
+				defer hosts.Wait()
 				for what, srv := range hostServers {
-					notReached(t, s.sess, s.kind+" -> "+what, "dial", srv.Addr.String())
+					hosts.Go(func() { notReached(t, s.sess, s.kind+" -> "+what, "dial", srv.Addr.String()) })
 				}
 				if !egress {
 					for name, h := range up.Hosts {
-						notReached(t, s.sess, s.kind+" -> "+name+" TCP", "dial", h.TCP.Addr.String())
-						notReached(t, s.sess, s.kind+" -> "+name+" UDP", "udp", h.UDP.String())
+						hosts.Go(func() {
+							notReached(t, s.sess, s.kind+" -> "+name+" TCP", "dial", h.TCP.Addr.String())
+							notReached(t, s.sess, s.kind+" -> "+name+" UDP", "udp", h.UDP.String())
+						})
 					}
 					return
 				}
