@@ -428,4 +428,3 @@ func spoof(arg string) result {
 	a.add("transparent", send(unix.IP_TRANSPARENT))
 	return a.result()
 }
-
