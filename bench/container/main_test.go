@@ -9,7 +9,11 @@
 // Every provider a benchmark makes is checked at its cleanup: a session
 // that left its directory, a cgroup or a mount fails the benchmark.
 //
-// Every peer uses network "none" (the provider's loopback-only tier,
+// BenchmarkEgress stands apart (bench/container.sh does not run it): the
+// cost of the egress domain filter, a filtered session against an open
+// one, over a router namespace of test hosts (package sessnettest).
+//
+// Every other peer uses network "none" (the provider's loopback-only tier,
 // `docker --network none`, the bare runtimes' empty network namespace of
 // `runc spec`) and the same busybox root filesystem (package testimage):
 // imported into the provider's image store, written as a plain directory

@@ -42,6 +42,7 @@ var env struct {
 	agent  string
 	images string
 	net    *sessnet.Manager
+	egress netip.Prefix // net's egress subnet
 }
 
 // Main prepares the shared pieces, runs the tests, and removes them.
@@ -94,11 +95,12 @@ func prepare(dir string) error {
 	// A prefix and subnets of this process's own: a daemon or another
 	// test binary on the machine keeps its bridges, rules and routes.
 	k := byte(os.Getpid() % 120)
+	env.egress = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 243, 2*k + 1, 0}), 24)
 	env.net, err = sessnet.New(sessnet.Config{
 		Dir:            filepath.Join(dir, "netns"),
 		Prefix:         fmt.Sprintf("t%x", os.Getpid()%0xfff),
 		InternalSubnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 243, 2 * k, 0}), 24),
-		EgressSubnet:   netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 243, 2*k + 1, 0}), 24),
+		EgressSubnet:   env.egress,
 	})
 	if err != nil {
 		return fmt.Errorf("the network manager: %w", err)
@@ -182,6 +184,11 @@ func buildDynamic(out string) (path, skip string, err error) {
 
 // Network is the process's shared network manager.
 func Network(t testing.TB) *sessnet.Manager { Require(t); return env.net }
+
+// EgressSubnet is the shared network manager's egress subnet, for a test
+// to route its egress sessions' traffic to test hosts (see
+// sessnettest.Upstream).
+func EgressSubnet(t testing.TB) netip.Prefix { Require(t); return env.egress }
 
 // Options are a provider's options for a test: a fresh state directory,
 // the shared agent, images and network, and runtime rt ("" for runc).

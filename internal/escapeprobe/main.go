@@ -40,7 +40,21 @@
 //	                 and fsopen(2) a tmpfs
 //	rawsock          socket(2) raw AF_INET ICMP, AF_INET6 ICMPv6, AF_PACKET
 //	vsock            socket(2) AF_VSOCK
-//	dial ADDR        TCP connect to ADDR, 2 s timeout
+//	dial ADDR        TCP connect to ADDR, 2 s timeout (detail: took=DURATION,
+//	                 measured here, as for the other network subcommands)
+//	udp ADDR         send a datagram to ADDR and wait 2 s for its echo
+//	ping ADDR        ICMP echo to the IPv4 ADDR on an ICMP datagram socket
+//	dns QUERY        ask NAME[@SERVER][*N] for A records (miekg/dns; SERVER
+//	                 defaults to resolv.conf's first; N times in a row):
+//	                 detail rcode=, addrs=, took= per query
+//	resolve NAME     look NAME up with Go's resolver (detail: addresses)
+//	download ADDR    connect to ADDR, read to EOF (detail: bytes=, took=)
+//	nft TABLE        over NETLINK_NETFILTER, list nftables' tables, then
+//	                 delete the inet table TABLE (of the probe's namespace)
+//	routing          add a route, an address and a policy rule (192.0.2.0/24,
+//	                 undone when made), set eth0 up
+//	spoof SRC>DST    send UDP to DST from SRC, bound with IP_FREEBIND, and
+//	                 with IP_TRANSPARENT
 //	listen ADDR      listen on ADDR and connect to it once
 //	keyctl           keyctl(GET_KEYRING_ID), add_key to the process
 //	                 keyring, request_key without an upcall
@@ -113,6 +127,14 @@ func init() {
 		"rawsock":       {"", rawSockets},
 		"vsock":         {"", vsockSocket},
 		"dial":          {"ADDR", dial},
+		"udp":           {"ADDR", udpEcho},
+		"ping":          {"ADDR", ping},
+		"dns":           {"QUERY", dnsQuery},
+		"resolve":       {"NAME", resolve},
+		"download":      {"ADDR", download},
+		"nft":           {"TABLE", nftables},
+		"routing":       {"", routing},
+		"spoof":         {"SRC>DST", spoof},
 		"listen":        {"ADDR", listen},
 		"keyctl":        {"", keyctl},
 		"bpf":           {"", bpfMapCreate},
@@ -479,16 +501,6 @@ func vsockSocket(string) result {
 }
 
 const dialTimeout = 2 * time.Second
-
-func dial(addr string) result {
-	c, err := net.DialTimeout("tcp", addr, dialTimeout)
-	if err != nil {
-		return single(err, "")
-	}
-	detail := fmt.Sprintf("%s -> %s", c.LocalAddr(), c.RemoteAddr())
-	c.Close()
-	return single(nil, detail)
-}
 
 // listen listens on addr and proves it by connecting to itself and passing
 // one byte.

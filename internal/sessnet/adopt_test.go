@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	sandbox "github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/sessnet/sessnettest"
 )
 
 // crashConfig is a Config with a unique prefix, free subnets and a temporary
@@ -167,8 +168,8 @@ func TestAdoptAfterCrash(t *testing.T) {
 		t.Errorf("a saw b come from %s, want %s", from, b.Addr())
 	}
 	up := newUpstream(t, cfg.Prefix, cfg.EgressSubnet)
-	if from := reach(t, "adopted egress -> public", e.Path(), up.hosts[upPublic].tcp); from != up.hostAddr {
-		t.Errorf("the public host saw the egress session come from %s, want the host's %s", from, up.hostAddr)
+	if from := reach(t, "adopted egress -> public", e.Path(), up.Hosts[sessnettest.Public].TCP.Addr); from != up.HostAddr {
+		t.Errorf("the public host saw the egress session come from %s, want the host's %s", from, up.HostAddr)
 	}
 	refusedFast(t, "adopted egress -> outside, a host network", e.Path(), out.srv.addr)
 	hostLo := serve(t, "", netip.MustParseAddr("127.0.0.1"))

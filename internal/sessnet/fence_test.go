@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	sandbox "github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/sessnet/sessnettest"
 )
 
 // blockedLog collects what Config.OnBlocked reports.
@@ -45,7 +46,7 @@ func (l *blockedLog) wait(ok func(Blocked) bool) (Blocked, bool) {
 
 // newFenceManager makes a test Manager whose blocked attempts go to the
 // returned log, and an upstream its egress sessions reach.
-func newFenceManager(t *testing.T, f Fences) (*Manager, *upstream, *blockedLog) {
+func newFenceManager(t *testing.T, f Fences) (*Manager, *sessnettest.Upstream, *blockedLog) {
 	t.Helper()
 	requireRoot(t)
 	log := &blockedLog{}
@@ -72,21 +73,21 @@ func TestFencesBuiltin(t *testing.T) {
 	t.Parallel()
 	m, up, log := newFenceManager(t, Fences{})
 	e := setup(t, m, "sb-egr", sandbox.NetworkEgress)
-	pub := up.hosts[upPublic]
-	if from := reach(t, "egress -> public TCP", e.Path(), pub.tcp); from != up.hostAddr {
-		t.Errorf("the public host saw the connection come from %s, want the host's %s (masquerade)", from, up.hostAddr)
+	pub := up.Hosts[sessnettest.Public]
+	if from := reach(t, "egress -> public TCP", e.Path(), pub.TCP.Addr); from != up.HostAddr {
+		t.Errorf("the public host saw the connection come from %s, want the host's %s (masquerade)", from, up.HostAddr)
 	}
-	udpEchoes(t, "egress -> public UDP", e.Path(), pub.udp)
-	if replied, _ := ping(t, e.Path(), pub.addr, 3*time.Second); !replied {
-		t.Errorf("egress -> public ICMP echo: no reply from %s", pub.addr)
+	udpEchoes(t, "egress -> public UDP", e.Path(), pub.UDP)
+	if replied, _ := ping(t, e.Path(), pub.Addr, 3*time.Second); !replied {
+		t.Errorf("egress -> public ICMP echo: no reply from %s", pub.Addr)
 	}
-	reach(t, "egress -> second public TCP", e.Path(), up.hosts[upPublic2].tcp)
+	reach(t, "egress -> second public TCP", e.Path(), up.Hosts[sessnettest.Public2].TCP.Addr)
 
 	for i, c := range []struct{ host, reason string }{
-		{upPrivate10, ReasonPrivate}, {upPrivate172, ReasonPrivate}, {upPrivate192, ReasonPrivate},
-		{upShared, ReasonShared}, {upMetadata, ReasonLinkLocal},
+		{sessnettest.Private10, ReasonPrivate}, {sessnettest.Private172, ReasonPrivate}, {sessnettest.Private192, ReasonPrivate},
+		{sessnettest.Shared, ReasonShared}, {sessnettest.Metadata, ReasonLinkLocal},
 	} {
-		h := up.hosts[c.host]
+		h := up.Hosts[c.host]
 		// A session of its own for each: the kernel rate-limits the ICMP
 		// errors it sends to one address (net.ipv4.icmp_ratelimit, a
 		// burst of 6), which two per host would soon exhaust.
@@ -95,20 +96,20 @@ func TestFencesBuiltin(t *testing.T) {
 		// A reset fails the dial at once; under load a first SYN is at
 		// times answered only on its retransmission (1 s on): well below
 		// the dial's 3 s timeout.
-		if took := refusedFast(t, "egress -> "+c.host+" TCP", e.Path(), h.tcp); took > 2*time.Second {
+		if took := refusedFast(t, "egress -> "+c.host+" TCP", e.Path(), h.TCP.Addr); took > 2*time.Second {
 			t.Errorf("egress -> %s TCP: the refusal took %v", c.host, took)
 		}
 		if got := blocked(t, m)[c.reason]; got != before+1 {
 			t.Errorf("after one refused SYN to %s the %s counter went from %d to %d, want +1", c.host, c.reason, before, got)
 		}
-		udpRefused(t, "egress -> "+c.host+" UDP", e.Path(), h.udp)
-		if replied, unreach := ping(t, e.Path(), h.addr, blockTimeout); replied || !unreach {
+		udpRefused(t, "egress -> "+c.host+" UDP", e.Path(), h.UDP)
+		if replied, unreach := ping(t, e.Path(), h.Addr, blockTimeout); replied || !unreach {
 			t.Errorf("egress -> %s ICMP echo: replied %v, refused %v; want refused, no reply", c.host, replied, unreach)
 		}
-		b, ok := log.wait(func(b Blocked) bool { return b.Dst == h.tcp && b.Proto == "tcp" })
+		b, ok := log.wait(func(b Blocked) bool { return b.Dst == h.TCP.Addr && b.Proto == "tcp" })
 		switch {
 		case !ok:
-			t.Errorf("OnBlocked never reported the connection to %s", h.tcp)
+			t.Errorf("OnBlocked never reported the connection to %s", h.TCP.Addr)
 		case b.Reason != c.reason || b.Session != e.ID() || b.Src != e.Addr():
 			t.Errorf("OnBlocked reported %+v, want reason %s, session %s from %s", b, c.reason, e.ID(), e.Addr())
 		}
@@ -116,7 +117,7 @@ func TestFencesBuiltin(t *testing.T) {
 
 	// The router's own address is on a network of the host's (the link's
 	// subnet): refused as such, like the host's other networks.
-	router := serve(t, up.ns.fdPath(), up.routerAddr)
+	router := serve(t, sessnettest.Path(up.NS), up.RouterAddr)
 	reach(t, "host -> router (control)", "", router.addr)
 	before := blocked(t, m)[ReasonHostNetwork]
 	refusedFast(t, "egress -> a host network", e.Path(), router.addr)
@@ -126,21 +127,21 @@ func TestFencesBuiltin(t *testing.T) {
 	// Kept current: a network the host gains after the table is made is
 	// refused too. The router moves to a new address on a new subnet.
 	extra := freePrefixes(t, netip.MustParsePrefix("198.18.0.0/15"), 24, 1)[0]
-	hostLink, err := netlink.LinkByName(up.hostLink)
+	hostLink, err := netlink.LinkByName(up.HostLink)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := netlink.AddrAdd(hostLink, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(extra.Addr().Next(), 24))}); err != nil {
+	if err := netlink.AddrAdd(hostLink, &netlink.Addr{IPNet: sessnettest.IPNet(netip.PrefixFrom(extra.Addr().Next(), 24))}); err != nil {
 		t.Fatal(err)
 	}
-	eth0, err := up.ns.h.LinkByName("eth0")
+	eth0, err := up.Router.LinkByName("eth0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := up.ns.h.AddrAdd(eth0, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(extra.Addr().Next().Next(), 24))}); err != nil {
+	if err := up.Router.AddrAdd(eth0, &netlink.Addr{IPNet: sessnettest.IPNet(netip.PrefixFrom(extra.Addr().Next().Next(), 24))}); err != nil {
 		t.Fatal(err)
 	}
-	late := serve(t, up.ns.fdPath(), extra.Addr().Next().Next())
+	late := serve(t, sessnettest.Path(up.NS), extra.Addr().Next().Next())
 	reach(t, "host -> router's new address (control)", "", late.addr)
 	waitFor(t, "the new host network to be fenced", func() bool {
 		_, err := dial(t, e.Path(), late.addr, blockTimeout)
@@ -163,35 +164,35 @@ func TestFencesOperator(t *testing.T) {
 	t.Parallel()
 	m, up, _ := newFenceManager(t, Fences{})
 	e := setup(t, m, "sb-egr", sandbox.NetworkEgress)
-	priv, pub := up.hosts[upPrivate10], up.hosts[upPublic]
-	refusedFast(t, "egress -> private (before)", e.Path(), priv.tcp)
-	reach(t, "egress -> public (before)", e.Path(), pub.tcp)
+	priv, pub := up.Hosts[sessnettest.Private10], up.Hosts[sessnettest.Public]
+	refusedFast(t, "egress -> private (before)", e.Path(), priv.TCP.Addr)
+	reach(t, "egress -> public (before)", e.Path(), pub.TCP.Addr)
 
-	f := Fences{Allow: []netip.Prefix{netip.PrefixFrom(priv.addr, 32)}, Deny: []netip.Prefix{netip.PrefixFrom(pub.addr, 28).Masked()}}
+	f := Fences{Allow: []netip.Prefix{netip.PrefixFrom(priv.Addr, 32)}, Deny: []netip.Prefix{netip.PrefixFrom(pub.Addr, 28).Masked()}}
 	if err := m.SetFences(f); err != nil {
 		t.Fatalf("SetFences: %v", err)
 	}
-	reach(t, "egress -> allowed private", e.Path(), priv.tcp)
-	udpEchoes(t, "egress -> allowed private UDP", e.Path(), priv.udp)
+	reach(t, "egress -> allowed private", e.Path(), priv.TCP.Addr)
+	udpEchoes(t, "egress -> allowed private UDP", e.Path(), priv.UDP)
 	before := blocked(t, m)[ReasonOperatorDeny]
-	refusedFast(t, "egress -> denied public", e.Path(), pub.tcp)
+	refusedFast(t, "egress -> denied public", e.Path(), pub.TCP.Addr)
 	if got := blocked(t, m)[ReasonOperatorDeny]; got != before+1 {
 		t.Errorf("operator_deny went from %d to %d, want +1", before, got)
 	}
-	reach(t, "egress -> public not denied", e.Path(), up.hosts[upPublic2].tcp)
+	reach(t, "egress -> public not denied", e.Path(), up.Hosts[sessnettest.Public2].TCP.Addr)
 	// Allow comes first, even against Deny; and opens nothing of the host.
 	gw := serve(t, "", e.Gateway())
 	if err := m.SetFences(Fences{Allow: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}, Deny: f.Deny}); err != nil {
 		t.Fatalf("SetFences: %v", err)
 	}
-	reach(t, "egress -> public both allowed and denied", e.Path(), pub.tcp)
+	reach(t, "egress -> public both allowed and denied", e.Path(), pub.TCP.Addr)
 	unreachable(t, "egress -> its gateway, all allowed", e.Path(), gw.addr)
 
 	if err := m.SetFences(Fences{}); err != nil {
 		t.Fatalf("SetFences: %v", err)
 	}
-	refusedFast(t, "egress -> private (after)", e.Path(), priv.tcp)
-	reach(t, "egress -> public (after)", e.Path(), pub.tcp)
+	refusedFast(t, "egress -> private (after)", e.Path(), priv.TCP.Addr)
+	reach(t, "egress -> public (after)", e.Path(), pub.TCP.Addr)
 
 	for _, bad := range []struct {
 		f    Fences
@@ -209,7 +210,7 @@ func TestFencesOperator(t *testing.T) {
 			t.Errorf("New with Fences %v = %v, want an error saying %q", bad.f, err, bad.want)
 		}
 	}
-	reach(t, "egress -> public (after refused SetFences)", e.Path(), pub.tcp)
+	reach(t, "egress -> public (after refused SetFences)", e.Path(), pub.TCP.Addr)
 }
 
 // TestFencesDomainFilter: with DomainFilter, a public host is refused until
@@ -218,30 +219,30 @@ func TestFencesDomainFilter(t *testing.T) {
 	t.Parallel()
 	m, up, _ := newFenceManager(t, Fences{})
 	e := setup(t, m, "sb-egr", sandbox.NetworkEgress)
-	pub := up.hosts[upPublic]
-	if err := m.SetFences(Fences{DomainFilter: true, Allow: []netip.Prefix{netip.PrefixFrom(up.hosts[upPublic2].addr, 32)}}); err != nil {
+	pub := up.Hosts[sessnettest.Public]
+	if err := m.SetFences(Fences{DomainFilter: true, Allow: []netip.Prefix{netip.PrefixFrom(up.Hosts[sessnettest.Public2].Addr, 32)}}); err != nil {
 		t.Fatalf("SetFences: %v", err)
 	}
 	before := blocked(t, m)[ReasonNotAllowedDomain]
-	refusedFast(t, "egress -> public, not allowed", e.Path(), pub.tcp)
+	refusedFast(t, "egress -> public, not allowed", e.Path(), pub.TCP.Addr)
 	if got := blocked(t, m)[ReasonNotAllowedDomain]; got != before+1 {
 		t.Errorf("not_allowed_domain went from %d to %d, want +1", before, got)
 	}
-	reach(t, "egress -> public in Allow", e.Path(), up.hosts[upPublic2].tcp)
-	refusedFast(t, "egress -> private, even allowed as a domain", e.Path(), up.hosts[upPrivate10].tcp)
+	reach(t, "egress -> public in Allow", e.Path(), up.Hosts[sessnettest.Public2].TCP.Addr)
+	refusedFast(t, "egress -> private, even allowed as a domain", e.Path(), up.Hosts[sessnettest.Private10].TCP.Addr)
 
 	const ttl = 2 * time.Second
-	if err := m.AllowAddrs([]netip.Addr{pub.addr, up.hosts[upPrivate10].addr, netip.MustParseAddr("2001:db8::1")}, ttl); err != nil {
+	if err := m.AllowAddrs([]netip.Addr{pub.Addr, up.Hosts[sessnettest.Private10].Addr, netip.MustParseAddr("2001:db8::1")}, ttl); err != nil {
 		t.Fatalf("AllowAddrs: %v", err)
 	}
 	added := time.Now()
-	reach(t, "egress -> public, allowed", e.Path(), pub.tcp)
-	refusedFast(t, "egress -> private, allowed as a domain: the built-in fences come first", e.Path(), up.hosts[upPrivate10].tcp)
+	reach(t, "egress -> public, allowed", e.Path(), pub.TCP.Addr)
+	refusedFast(t, "egress -> private, allowed as a domain: the built-in fences come first", e.Path(), up.Hosts[sessnettest.Private10].TCP.Addr)
 	// A connection made now outlives the address's time.
 	var c net.Conn
 	if err := inNS(t, e.Path(), func() error {
 		var err error
-		c, err = net.Dial("udp4", pub.udp.String())
+		c, err = net.Dial("udp4", pub.UDP.String())
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -253,7 +254,7 @@ func TestFencesDomainFilter(t *testing.T) {
 		t.Fatalf("UDP to the allowed public host: %v", err)
 	}
 	time.Sleep(time.Until(added.Add(ttl + 500*time.Millisecond)))
-	refusedFast(t, "egress -> public, after its time", e.Path(), pub.tcp)
+	refusedFast(t, "egress -> public, after its time", e.Path(), pub.TCP.Addr)
 	c.Write([]byte("echo-2"))
 	c.SetReadDeadline(time.Now().Add(3 * time.Second))
 	if _, err := c.Read(make([]byte, 16)); err != nil {
@@ -261,20 +262,20 @@ func TestFencesDomainFilter(t *testing.T) {
 	}
 
 	// Refreshing: adding again restarts the time.
-	if err := m.AllowAddrs([]netip.Addr{pub.addr}, ttl); err != nil {
+	if err := m.AllowAddrs([]netip.Addr{pub.Addr}, ttl); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(ttl * 3 / 4)
-	if err := m.AllowAddrs([]netip.Addr{pub.addr}, ttl); err != nil {
+	if err := m.AllowAddrs([]netip.Addr{pub.Addr}, ttl); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(ttl * 3 / 4)
-	reach(t, "egress -> public, refreshed", e.Path(), pub.tcp)
+	reach(t, "egress -> public, refreshed", e.Path(), pub.TCP.Addr)
 
 	for _, bad := range []struct {
 		addrs []netip.Addr
 		ttl   time.Duration
-	}{{[]netip.Addr{pub.addr}, 0}, {[]netip.Addr{{}}, time.Second}} {
+	}{{[]netip.Addr{pub.Addr}, 0}, {[]netip.Addr{{}}, time.Second}} {
 		if err := m.AllowAddrs(bad.addrs, bad.ttl); err == nil {
 			t.Errorf("AllowAddrs(%v, %v) succeeded", bad.addrs, bad.ttl)
 		}

@@ -3,7 +3,6 @@ package sessnet
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -23,9 +22,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	sandbox "github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/sessnet/sessnettest"
 )
 
 func TestMain(m *testing.M) {
+	sessnettest.Reserve(DefaultInternalSubnet, DefaultEgressSubnet)
 	goleak.VerifyTestMain(m)
 }
 
@@ -38,59 +39,12 @@ func requireRoot(t testing.TB) {
 	}
 }
 
-// routeMu serialises picking free ranges and claiming them, so that the
-// package's parallel tests never pick the same one.
-var routeMu sync.Mutex
-
-// claimed are the ranges tests of this process have picked.
-var claimed []netip.Prefix
-
 // freePrefixes picks n distinct /bits prefixes inside within that overlap
-// no route of the host and none picked before by this process.
+// no route of the host and none picked before by this process (see
+// sessnettest.FreePrefixes; TestMain reserves the default subnets).
 func freePrefixes(t testing.TB, within netip.Prefix, bits, n int) []netip.Prefix {
 	t.Helper()
-	routeMu.Lock()
-	defer routeMu.Unlock()
-	routes, err := retryDump(func() ([]netlink.Route, error) {
-		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
-	})
-	if err != nil {
-		t.Fatalf("listing routes: %v", err)
-	}
-	taken := append([]netip.Prefix{DefaultInternalSubnet, DefaultEgressSubnet}, claimed...)
-	for _, r := range routes {
-		if r.Dst == nil {
-			continue
-		}
-		ones, _ := r.Dst.Mask.Size()
-		ip, ok := netip.AddrFromSlice(r.Dst.IP)
-		if ok && ones > 0 {
-			taken = append(taken, netip.PrefixFrom(ip.Unmap(), ones))
-		}
-	}
-	var out []netip.Prefix
-	base := within.Masked().Addr().As4()
-	bv := uint32(base[0])<<24 | uint32(base[1])<<16 | uint32(base[2])<<8 | uint32(base[3])
-	count := 1 << (bits - within.Bits())
-	for tries := 0; len(out) < n && tries < 1000; tries++ {
-		v := bv + uint32(rand.IntN(count))<<(32-bits)
-		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), bits)
-		free := true
-		for _, q := range append(taken, out...) {
-			if q.Overlaps(p) {
-				free = false
-				break
-			}
-		}
-		if free {
-			out = append(out, p)
-		}
-	}
-	if len(out) < n {
-		t.Fatalf("no %d free /%d ranges in %s", n, bits, within)
-	}
-	claimed = append(claimed, out...)
-	return out
+	return sessnettest.FreePrefixes(t, within, bits, n)
 }
 
 // testPrefix is a name prefix no daemon and no other test uses.
@@ -672,176 +626,16 @@ func openFDs(t testing.TB) int {
 	return len(ents)
 }
 
-// upstream is the internet as the host reaches it: a router namespace
-// joined to the host by a veth pair (addresses from 198.18.0.0/15, so the
-// link's subnet is one of the host's own networks, which the fences
-// refuse), with test hosts behind it, addresses on the router's loopback: a
-// TCP server (answering with the source it saw) and a UDP echo server on
-// each. The host routes an egress Manager's sessions to them through a
-// policy-routing rule from that Manager's egress subnet only, to a routing
-// table of the test's own: nothing in the host's main table, so no real
-// traffic (to a metadata service, say) is ever captured.
-type upstream struct {
-	hostAddr   netip.Addr // the host's side of the link
-	routerAddr netip.Addr
-	hostLink   string
-	ns         *netns
-	hosts      map[string]upHost
-}
-
-// upHost is one test host behind the router.
-type upHost struct {
-	addr netip.Addr
-	tcp  netip.AddrPort
-	udp  netip.AddrPort
-}
-
-// The test hosts of an upstream, by name.
-const (
-	upPublic     = "public"     // 203.0.113.0/24
-	upPublic2    = "public2"    // 198.51.100.0/24
-	upPrivate10  = "private10"  // 10/8
-	upPrivate172 = "private172" // 172.16/12
-	upPrivate192 = "private192" // 192.168/16
-	upShared     = "shared"     // 100.64/10
-	upMetadata   = "metadata"   // 169.254.169.254
-)
-
-// newUpstream makes an upstream whose hosts the sessions of egress (an
-// egress subnet) reach through the host; all of it is removed at the end
-// of t.
-func newUpstream(t testing.TB, prefix string, egress netip.Prefix) *upstream {
+// newUpstream makes an upstream whose test hosts the sessions of egress
+// (an egress subnet) reach through the host (see sessnettest.Upstream).
+func newUpstream(t testing.TB, prefix string, egress netip.Prefix) *sessnettest.Upstream {
 	t.Helper()
-	link := freePrefixes(t, netip.MustParsePrefix("198.18.0.0/15"), 24, 1)[0]
-	u := &upstream{hostAddr: link.Addr().Next(), hostLink: "u" + prefix, hosts: map[string]upHost{}}
-	u.routerAddr = u.hostAddr.Next()
-	addrs := map[string]netip.Addr{upMetadata: netip.MustParseAddr("169.254.169.254")}
-	for name, within := range map[string]string{
-		upPublic: "203.0.113.0/24", upPublic2: "198.51.100.0/24", upPrivate10: "10.0.0.0/8",
-		upPrivate172: "172.16.0.0/12", upPrivate192: "192.168.0.0/16", upShared: "100.64.0.0/10",
-	} {
-		addrs[name] = freePrefixes(t, netip.MustParsePrefix(within), 28, 1)[0].Addr().Next()
-	}
-	ns, err := newNetns()
-	if err != nil {
-		t.Fatalf("router namespace: %v", err)
-	}
-	t.Cleanup(ns.close)
-	u.ns = ns
-	la := netlink.NewLinkAttrs()
-	la.Name = u.hostLink
-	veth := &netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(ns.f.Fd())}
-	if err := netlink.LinkAdd(veth); err != nil {
-		t.Fatalf("upstream veth: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := netlink.LinkDel(veth); err != nil {
-			t.Errorf("deleting the upstream veth %s: %v", u.hostLink, err)
-		}
-	})
-	if err := netlink.LinkSetIP6AddrGenMode(veth, nl.IN6_ADDR_GEN_MODE_NONE); err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.AddrAdd(veth, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(u.hostAddr, 24))}); err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetUp(veth); err != nil {
-		t.Fatal(err)
-	}
-	eth0, err := ns.h.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.h.AddrAdd(eth0, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(u.routerAddr, 24))}); err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.h.LinkSetUp(eth0); err != nil {
-		t.Fatal(err)
-	}
-	lo, err := ns.h.LinkByName("lo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.h.LinkSetUp(lo); err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range addrs {
-		if err := ns.h.AddrAdd(lo, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(a, 32))}); err != nil {
-			t.Fatalf("giving the router %s: %v", a, err)
-		}
-	}
-
-	// The host's way there: for the egress subnet only.
-	table := 0x5a000000 + rand.IntN(1<<20)
-	hostLink, err := netlink.LinkByName(u.hostLink)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range addrs {
-		r := &netlink.Route{Dst: prefixNet(netip.PrefixFrom(a, 32)), Gw: u.routerAddr.AsSlice(), LinkIndex: hostLink.Attrs().Index, Table: table}
-		if err := netlink.RouteAdd(r); err != nil {
-			t.Fatalf("adding the route to %s in table %d: %v", a, table, err)
-		}
-	}
-	rule := netlink.NewRule()
-	rule.Src = prefixNet(egress)
-	rule.Table = table
-	rule.Priority = 100
-	if err := netlink.RuleAdd(rule); err != nil {
-		t.Fatalf("adding the rule from %s to table %d: %v", egress, table, err)
-	}
-	t.Cleanup(func() {
-		if err := netlink.RuleDel(rule); err != nil {
-			t.Errorf("deleting the rule from %s to table %d: %v", egress, table, err)
-		}
-	})
-
-	for name, a := range addrs {
-		h := upHost{addr: a}
-		var ln net.Listener
-		var pc net.PacketConn
-		err := inNSFile(ns.f, func() error {
-			var err error
-			if ln, err = net.Listen("tcp4", netip.AddrPortFrom(a, 0).String()); err != nil {
-				return err
-			}
-			pc, err = net.ListenPacket("udp4", netip.AddrPortFrom(a, 0).String())
-			return err
-		})
-		if err != nil {
-			t.Fatalf("servers of the upstream host %s (%s): %v", name, a, err)
-		}
-		h.tcp = startServer(t, ln).addr
-		h.udp = startEcho(t, pc)
-		u.hosts[name] = h
-	}
-	return u
-}
-
-func prefixNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+	return sessnettest.NewUpstream(t, prefix, egress)
 }
 
 // startEcho sends every datagram pc gets back to its sender, until the end
 // of t; it returns pc's address.
-func startEcho(t testing.TB, pc net.PacketConn) netip.AddrPort {
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		buf := make([]byte, 512)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			pc.WriteTo(buf[:n], from)
-		}
-	})
-	t.Cleanup(func() {
-		pc.Close()
-		wg.Wait()
-	})
-	return netip.MustParseAddrPort(pc.LocalAddr().String())
-}
+func startEcho(t testing.TB, pc net.PacketConn) netip.AddrPort { return sessnettest.Echo(t, pc) }
 
 // refusedFast checks that a TCP connection from nsPath to to is refused
 // (a reset: ECONNREFUSED), not left to time out; it returns how long the
@@ -917,76 +711,19 @@ func udpRefused(t testing.TB, what, nsPath string, to netip.AddrPort) {
 	}
 }
 
-// ping sends one ICMP echo request from the namespace at nsPath to dst on
-// a raw socket and reports whether the echo reply came within wait, and
-// whether an ICMP destination-unreachable error came instead.
+// ping sends one ICMP echo request from the namespace at nsPath to dst
+// and reports whether the echo reply came within wait, and whether an
+// ICMP destination-unreachable error came instead (see sessnettest.Ping).
 func ping(t testing.TB, nsPath string, dst netip.Addr, wait time.Duration) (replied, unreachable bool) {
 	t.Helper()
-	var fd int
-	err := inNS(t, nsPath, func() error {
-		var err error
-		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMP)
-		return err
-	})
+	ns, err := os.Open(nsPath)
 	if err != nil {
-		t.Fatalf("raw ICMP socket in %s: %v", nsPath, err)
+		t.Fatalf("opening namespace %s: %v", nsPath, err)
 	}
-	defer unix.Close(fd)
-	id := uint16(rand.Uint32())
-	req := []byte{8, 0, 0, 0, byte(id >> 8), byte(id), 0, 1, 't', 'a', 'i', '4', '2'}
-	sum := icmpChecksum(req)
-	req[2], req[3] = byte(sum>>8), byte(sum)
-	if err := unix.Sendto(fd, req, 0, &unix.SockaddrInet4{Addr: dst.As4()}); err != nil {
-		t.Fatalf("sending an echo request to %s: %v", dst, err)
+	defer ns.Close()
+	replied, unreachable, err = sessnettest.Ping(ns, dst, wait)
+	if err != nil {
+		t.Fatalf("ping %s from %s: %v", dst, nsPath, err)
 	}
-	deadline := time.Now().Add(wait)
-	buf := make([]byte, 1500)
-	for {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return replied, unreachable
-		}
-		tv := unix.NsecToTimeval(left.Nanoseconds())
-		unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-		n, _, err := unix.Recvfrom(fd, buf, 0)
-		if err != nil {
-			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
-				continue
-			}
-			t.Fatalf("reading ICMP: %v", err)
-		}
-		p := buf[:n]
-		if len(p) < 20 || len(p) < int(p[0]&0x0f)*4+8 {
-			continue
-		}
-		icmp := p[int(p[0]&0x0f)*4:]
-		switch icmp[0] {
-		case 0: // echo reply
-			if binary.BigEndian.Uint16(icmp[4:6]) == id {
-				return true, unreachable
-			}
-		case 3: // destination unreachable, quoting our request
-			if q := icmp[8:]; len(q) >= 28 && netip.AddrFrom4([4]byte(q[16:20])) == dst {
-				quoted := q[int(q[0]&0x0f)*4:]
-				if len(quoted) >= 6 && binary.BigEndian.Uint16(quoted[4:6]) == id {
-					unreachable = true
-					return false, true
-				}
-			}
-		}
-	}
-}
-
-func icmpChecksum(b []byte) uint16 {
-	var s uint32
-	for i := 0; i+1 < len(b); i += 2 {
-		s += uint32(b[i])<<8 | uint32(b[i+1])
-	}
-	if len(b)%2 == 1 {
-		s += uint32(b[len(b)-1]) << 8
-	}
-	for s>>16 != 0 {
-		s = s&0xffff + s>>16
-	}
-	return ^uint16(s)
+	return replied, unreachable
 }

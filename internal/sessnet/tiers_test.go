@@ -11,6 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	sandbox "github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/sessnet/sessnettest"
 )
 
 func TestNone(t *testing.T) {
@@ -173,8 +174,8 @@ func TestEgress(t *testing.T) {
 	// Out, NATed: a public host beyond the host sees the host's address.
 	// The outside host, on a network of the host's own, is fenced off.
 	up := newUpstream(t, m.prefix, m.egress.subnet)
-	if from := reach(t, "egress -> public", e.Path(), up.hosts[upPublic].tcp); from != up.hostAddr {
-		t.Errorf("the public host saw the connection come from %s, want the host's %s (masquerade)", from, up.hostAddr)
+	if from := reach(t, "egress -> public", e.Path(), up.Hosts[sessnettest.Public].TCP.Addr); from != up.HostAddr {
+		t.Errorf("the public host saw the connection come from %s, want the host's %s (masquerade)", from, up.HostAddr)
 	}
 	refusedFast(t, "egress -> outside, a host network", e.Path(), out.srv.addr)
 
@@ -244,7 +245,7 @@ func TestEgress(t *testing.T) {
 	// An egress session cannot send as someone else: a source outside its
 	// subnet (here an internal session's address) is dropped, not forwarded
 	// un-NATed.
-	outSink := newUDPSink(t, up.ns.fdPath(), up.hosts[upPublic].addr)
+	outSink := newUDPSink(t, sessnettest.Path(up.NS), up.Hosts[sessnettest.Public].Addr)
 	arrives(t, "egress -> public UDP (control)", e.Path(), outSink)
 	addAddr(t, e2.Path(), i.Addr())
 	nothingArrives(t, "egress with a spoofed source -> outside UDP", e2.Path(), i.Addr(), outSink)

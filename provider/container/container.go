@@ -157,6 +157,13 @@ type Options struct {
 	// EgressResolvConf is the file EgressDNS defaults from; "" means
 	// /etc/resolv.conf.
 	EgressResolvConf string
+	// EgressAllowMinTTL and EgressAllowGrace shape how long an address an
+	// allowed name resolved to stays reachable (EgressAllowDomains): the
+	// answer's least TTL, at least EgressAllowMinTTL, plus
+	// EgressAllowGrace. Zero means egressdns.DefaultMinTTL and
+	// egressdns.DefaultGrace; shorter values are for tests, which would
+	// otherwise wait out the defaults to see an address expire.
+	EgressAllowMinTTL, EgressAllowGrace time.Duration
 	// Images is the image store's directory; "" means <StateDir>/images.
 	Images string
 	// Network, when set, is a network manager the provider uses instead

@@ -132,6 +132,8 @@ func (p *provider) startEgress(m *sessnet.Manager) error {
 		Upstreams:  p.opts.EgressDNS,
 		ResolvConf: p.opts.EgressResolvConf,
 		Allow:      p.opFences.domains,
+		MinTTL:     p.opts.EgressAllowMinTTL,
+		Grace:      p.opts.EgressAllowGrace,
 		OnAnswer: func(_ context.Context, addrs []netip.Addr, ttl time.Duration) error {
 			return e.net.Load().AllowAddrs(addrs, ttl)
 		},

@@ -11,12 +11,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -282,94 +280,6 @@ func TestEscapeHostProcesses(t *testing.T) {
 			if pid == os.Getpid() || pid == host.Process.Pid {
 				t.Errorf("host pid %d is in the session's cgroup", pid)
 			}
-		}
-	})
-}
-
-// TestEscapeNetwork: no tier reaches a service of the host (its loopback,
-// the bridges' addresses, its other addresses); an outside test host (in a
-// namespace of the test's own, routed through the host as the internet
-// would be) is reached from egress only, and the connection is seen to
-// arrive there. An internal session that the test gives a default route
-// (as root, in its namespace) gets no further: the host's forwarding
-// drops it.
-func TestEscapeNetwork(t *testing.T) {
-	forEachRuntimeMode(t, func(t *testing.T, p *testProvider) {
-		// Most of the time here is waiting for dials to time out: the
-		// runtimes and modes wait together.
-		t.Parallel()
-		out := newOutsideHost(t)
-		const routed = "internal, with a default route"
-		kinds := []string{string(sandbox.NetworkNone), string(sandbox.NetworkInternal), routed, string(sandbox.NetworkEgress)}
-		sessions := map[string]sandbox.Session{}
-		for _, kind := range kinds {
-			tier := sandbox.Network(kind)
-			if kind == routed {
-				tier = sandbox.NetworkInternal
-			}
-			sessions[kind] = p.session(t, spec(containersuite.Busybox, tier))
-			installProbe(t, sessions[kind])
-		}
-		addDefaultRoute(t, sessionNetNS(t, sessions[routed].ID()), bridgeAddr(t, sandbox.NetworkInternal))
-		hostServers := map[string]*tcpServer{
-			"the host's loopback":             listenHost(t, netip.MustParseAddr("127.0.0.1")),
-			"the internal bridge (a gateway)": listenHost(t, bridgeAddr(t, sandbox.NetworkInternal)),
-			"the egress bridge (a gateway)":   listenHost(t, bridgeAddr(t, sandbox.NetworkEgress)),
-			"the host's address facing out":   listenHost(t, out.hostAddr),
-		}
-		for what, s := range hostServers {
-			c, err := dialTCP(s.addr)
-			if err != nil {
-				t.Fatalf("control: the host cannot reach its own listener on %s (%s): %v", s.addr, what, err)
-			}
-			c.Close()
-			if got := s.waitAccepted(1, 5*time.Second); len(got) != 1 {
-				t.Fatalf("control: the listener on %s (%s) saw %v", s.addr, what, got)
-			}
-		}
-
-		type dialCase struct {
-			from string
-			what string
-			to   netip.AddrPort
-			want bool
-		}
-		var cases []dialCase
-		for _, kind := range kinds {
-			for what, s := range hostServers {
-				cases = append(cases, dialCase{kind, what, s.addr, false})
-			}
-			cases = append(cases, dialCase{kind, "the outside host", out.srv.addr, kind == string(sandbox.NetworkEgress)})
-		}
-		results := make([]probeResult, len(cases))
-		var wg sync.WaitGroup
-		for i, c := range cases {
-			wg.Go(func() { results[i] = probeAsync(sessions[c.from], "dial", c.to.String()) })
-		}
-		wg.Wait()
-		for i, c := range cases {
-			r := results[i]
-			switch {
-			case strings.HasPrefix(r.Err, "exec: "):
-				t.Errorf("%s -> %s (%s): %s", c.from, c.what, c.to, r.Err)
-			case r.OK && !c.want:
-				t.Errorf("the %s session reached %s at %s: %s", c.from, c.what, c.to, r.Detail)
-			case !r.OK && c.want:
-				t.Errorf("the %s session could not reach %s at %s: %s", c.from, c.what, c.to, r.Err)
-			default:
-				t.Logf("%s -> %s (%s): ok=%v %s", c.from, c.what, c.to, r.OK, r.Err)
-			}
-		}
-		// Nothing arrived at the host's listeners beyond the controls.
-		for what, s := range hostServers {
-			if got := s.accepted(); len(got) != 1 {
-				t.Errorf("the listener on %s (%s) accepted %v; only the host's control connection may arrive", s.addr, what, got)
-			}
-		}
-		// The egress connection arrived at the outside host, NATed to the
-		// host's address; nothing else did.
-		if got := out.srv.waitAccepted(1, 5*time.Second); len(got) != 1 || got[0] != out.hostAddr {
-			t.Errorf("the outside host saw connections from %v; want exactly one, the egress session's, from the host's %s (masquerade)", got, out.hostAddr)
 		}
 	})
 }

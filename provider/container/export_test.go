@@ -38,3 +38,12 @@ func Crash(sb *kit.Sandbox) {
 func RemoveByHand(sb *kit.Sandbox, kind, id string) error {
 	return sb.Provider().(*provider).removeByHand(kind, id)
 }
+
+// EgressStatsOf are the fences' and the egress resolver's counts of the
+// provider of sb (see provider.EgressStats).
+func EgressStatsOf(sb *kit.Sandbox) (EgressStats, error) {
+	return sb.Provider().(*provider).EgressStats()
+}
+
+// EgressOf is what the provider of sb enforces on network "egress".
+func EgressOf(sb *kit.Sandbox) EgressInfo { return sb.Provider().(*provider).Egress() }

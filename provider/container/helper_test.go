@@ -3,7 +3,8 @@ package container_test
 // Helpers of the escape, caps and leak tests: providers and sessions made
 // for a test and torn down at its end, the escape probe put into a session
 // and run there, the provider's on-disk and cgroup layout as the host sees
-// it, and an "outside" test host in a network namespace of the test's own.
+// it, and an upstream of test hosts in network namespaces of the test's
+// own.
 
 import (
 	"bufio"
@@ -13,7 +14,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -27,12 +27,12 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/containersuite"
 	"github.com/tai42/sandbox/internal/escapeprobe/build"
+	"github.com/tai42/sandbox/internal/sessnet/sessnettest"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/container"
 )
@@ -512,7 +512,7 @@ func openFDs(t testing.TB) int {
 	return len(entries)
 }
 
-// ---- network: the shared manager's links, an outside test host ----
+// ---- network: the shared manager's links, an upstream of test hosts ----
 
 // netPrefix is the name prefix of the shared network manager's links, read
 // from its bridges (<prefix>-int, <prefix>-egr); "" while it has none.
@@ -561,72 +561,15 @@ func bridgeAddr(t testing.TB, tier sandbox.Network) netip.Addr {
 	return a.Unmap()
 }
 
-// tcpServer is a TCP listener that records where each connection it
-// accepted came from, and closes it.
-type tcpServer struct {
-	ln   net.Listener
-	addr netip.AddrPort
-	wg   sync.WaitGroup
-
-	mu   sync.Mutex
-	from []netip.Addr
-}
-
-// startTCPServer serves ln until the end of t.
-func startTCPServer(t testing.TB, ln net.Listener) *tcpServer {
-	s := &tcpServer{ln: ln, addr: netip.MustParseAddrPort(ln.Addr().String())}
-	s.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s.mu.Lock()
-			s.from = append(s.from, netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap())
-			s.mu.Unlock()
-			c.Close()
-		}
-	})
-	t.Cleanup(func() {
-		ln.Close()
-		s.wg.Wait()
-	})
-	return s
-}
-
-// dialTCP connects to addr from this process's network namespace.
-func dialTCP(addr netip.AddrPort) (net.Conn, error) {
-	return net.DialTimeout("tcp4", addr.String(), 5*time.Second)
-}
-
-// listenHost starts a tcpServer on addr (any port) in this process's
-// network namespace.
-func listenHost(t testing.TB, addr netip.Addr) *tcpServer {
+// listenHost starts a sessnettest.Server on addr (any port) in this
+// process's network namespace.
+func listenHost(t testing.TB, addr netip.Addr) *sessnettest.Server {
 	t.Helper()
 	ln, err := net.Listen("tcp4", netip.AddrPortFrom(addr, 0).String())
 	if err != nil {
 		t.Fatalf("listening on %s: %v", addr, err)
 	}
-	return startTCPServer(t, ln)
-}
-
-// accepted returns the sources of the connections accepted so far.
-func (s *tcpServer) accepted() []netip.Addr {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.from)
-}
-
-// waitAccepted waits up to d for at least n connections and returns them.
-func (s *tcpServer) waitAccepted(n int, d time.Duration) []netip.Addr {
-	deadline := time.Now().Add(d)
-	for {
-		got := s.accepted()
-		if len(got) >= n || time.Now().After(deadline) {
-			return got
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return sessnettest.Serve(t, ln)
 }
 
 // onLockedThread runs fn on a goroutine locked to its OS thread. When fn
@@ -645,171 +588,18 @@ func onLockedThread(fn func() (tainted bool, err error)) error {
 	return <-errc
 }
 
-// inNetNS runs fn on a thread inside the network namespace ns; sockets fn
-// makes belong to that namespace for life.
-func inNetNS(ns *os.File, fn func() error) error {
-	return onLockedThread(func() (bool, error) {
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			return false, err
-		}
-		defer orig.Close()
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			return false, fmt.Errorf("setns: %w", err)
-		}
-		ferr := fn()
-		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			return true, fmt.Errorf("returning the thread to its namespace: %w", err)
-		}
-		return false, ferr
-	})
-}
-
-// newNetNS makes an anonymous network namespace, held by the returned
-// file, closed at the end of t.
-func newNetNS(t testing.TB) *os.File {
+// newUpstream makes the internet the test's egress sessions reach: a
+// router with test hosts behind it, routed to from the test providers'
+// egress subnets only (see sessnettest.Upstream), removed at the end of t.
+// The shared network manager's subnet is always routed; so are extra, the
+// subnets of providers with a network manager of their own.
+func newUpstream(t testing.TB, extra ...netip.Prefix) *sessnettest.Upstream {
 	t.Helper()
-	var ns *os.File
-	err := onLockedThread(func() (bool, error) {
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			return false, err
-		}
-		defer orig.Close()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			return false, fmt.Errorf("unshare: %w", err)
-		}
-		ns, err = os.Open("/proc/thread-self/ns/net")
-		if serr := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); serr != nil {
-			return true, fmt.Errorf("returning the thread to its namespace: %w", serr)
-		}
-		return false, err
-	})
-	if err != nil {
-		if ns != nil {
-			ns.Close()
-		}
-		t.Fatalf("making a network namespace: %v", err)
+	u := sessnettest.NewUpstream(t, "tz"+randomToken(4), containersuite.EgressSubnet(t))
+	for _, p := range extra {
+		u.RouteFrom(t, p)
 	}
-	t.Cleanup(func() { ns.Close() })
-	return ns
-}
-
-// outsideMu serialises picking the outside hosts' ranges within this
-// process.
-var (
-	outsideMu      sync.Mutex
-	outsideClaimed []netip.Prefix
-)
-
-// freeOutsidePrefix picks a /24 of 198.18.0.0/15 (the benchmarking range)
-// that no route of the host covers or overlaps.
-func freeOutsidePrefix(t testing.TB) netip.Prefix {
-	t.Helper()
-	outsideMu.Lock()
-	defer outsideMu.Unlock()
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		t.Fatalf("listing the host's routes: %v", err)
-	}
-	taken := slices.Clone(outsideClaimed)
-	for _, r := range routes {
-		if r.Dst == nil {
-			continue
-		}
-		ones, _ := r.Dst.Mask.Size()
-		if ip, ok := netip.AddrFromSlice(r.Dst.IP); ok && ones > 0 {
-			taken = append(taken, netip.PrefixFrom(ip.Unmap(), ones))
-		}
-	}
-	for range 1000 {
-		n := mrand.IntN(512)
-		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 18 + byte(n/256), byte(n % 256), 0}), 24)
-		if !slices.ContainsFunc(taken, p.Overlaps) {
-			outsideClaimed = append(outsideClaimed, p)
-			return p
-		}
-	}
-	t.Fatal("no free /24 in 198.18.0.0/15 for the outside test host")
-	return netip.Prefix{}
-}
-
-// outsideHost is a test host standing for the internet: a network
-// namespace of the test's own, joined to the host by a veth pair with
-// addresses from 198.18.0.0/15, with a TCP server inside. Packets reach it
-// through the host's routing table (the veth's prefix route), as they
-// would reach the internet.
-type outsideHost struct {
-	hostLink string     // the host's end of the veth
-	hostAddr netip.Addr // the host's address on it
-	addr     netip.Addr // the outside host's own address
-	ns       *os.File
-	srv      *tcpServer
-}
-
-// newOutsideHost makes an outside test host, removed at the end of t, and
-// checks that the host reaches it.
-func newOutsideHost(t testing.TB) *outsideHost {
-	t.Helper()
-	p := freeOutsidePrefix(t)
-	o := &outsideHost{hostLink: "tzo" + randomToken(4), hostAddr: p.Addr().Next()}
-	o.addr = o.hostAddr.Next()
-	o.ns = newNetNS(t)
-	la := netlink.NewLinkAttrs()
-	la.Name = o.hostLink
-	veth := &netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(o.ns.Fd())}
-	if err := netlink.LinkAdd(veth); err != nil {
-		t.Fatalf("the outside host's veth %s: %v", o.hostLink, err)
-	}
-	t.Cleanup(func() {
-		if err := netlink.LinkDel(veth); err != nil {
-			t.Errorf("deleting the outside host's veth %s: %v", o.hostLink, err)
-		}
-	})
-	if err := netlink.LinkSetIP6AddrGenMode(veth, nl.IN6_ADDR_GEN_MODE_NONE); err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.AddrAdd(veth, &netlink.Addr{IPNet: &net.IPNet{IP: o.hostAddr.AsSlice(), Mask: net.CIDRMask(24, 32)}}); err != nil {
-		t.Fatalf("address of the outside host's veth: %v", err)
-	}
-	if err := netlink.LinkSetUp(veth); err != nil {
-		t.Fatal(err)
-	}
-	h := netlinkIn(t, o.ns)
-	defer h.Close()
-	eth0, err := h.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.AddrAdd(eth0, &netlink.Addr{IPNet: &net.IPNet{IP: o.addr.AsSlice(), Mask: net.CIDRMask(24, 32)}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.LinkSetUp(eth0); err != nil {
-		t.Fatal(err)
-	}
-	var ln net.Listener
-	err = inNetNS(o.ns, func() error {
-		var err error
-		ln, err = net.Listen("tcp4", netip.AddrPortFrom(o.addr, 0).String())
-		return err
-	})
-	if err != nil {
-		t.Fatalf("the outside host's server: %v", err)
-	}
-	o.srv = startTCPServer(t, ln)
-	// Control: the host reaches its outside test host.
-	c, err := net.DialTimeout("tcp4", o.srv.addr.String(), 5*time.Second)
-	if err != nil {
-		t.Fatalf("the host cannot reach its own outside test host %s: %v", o.srv.addr, err)
-	}
-	c.Close()
-	if got := o.srv.waitAccepted(1, 5*time.Second); len(got) != 1 || got[0] != o.hostAddr {
-		t.Fatalf("the outside host saw %v, want one connection from the host's %s", got, o.hostAddr)
-	}
-	o.srv.mu.Lock()
-	o.srv.from = nil
-	o.srv.mu.Unlock()
-	return o
+	return u
 }
 
 // sessionNetNS opens the network namespace of session id, through its
@@ -828,27 +618,10 @@ func sessionNetNS(t testing.TB, id string) *os.File {
 	return f
 }
 
-// netlinkIn opens a rtnetlink handle whose socket lives in the namespace
-// ns; the caller closes it.
-func netlinkIn(t testing.TB, ns *os.File) *netlink.Handle {
-	t.Helper()
-	var h *netlink.Handle
-	err := inNetNS(ns, func() error {
-		var err error
-		h, err = netlink.NewHandle(unix.NETLINK_ROUTE)
-		return err
-	})
-	if err != nil {
-		t.Fatalf("rtnetlink in a network namespace: %v", err)
-	}
-	return h
-}
-
 // addDefaultRoute adds a default route via gw in the namespace ns.
 func addDefaultRoute(t testing.TB, ns *os.File, gw netip.Addr) {
 	t.Helper()
-	h := netlinkIn(t, ns)
-	defer h.Close()
+	h := sessnettest.Handle(t, ns)
 	eth0, err := h.LinkByName("eth0")
 	if err != nil {
 		t.Fatalf("the session's eth0: %v", err)
