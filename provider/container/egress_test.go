@@ -206,3 +206,56 @@ func TestEgressRecover(t *testing.T) {
 		refusedFast(t, kept, "after the recovery: "+name, e.up.Hosts[name].TCP.Addr)
 	}
 }
+
+// TestEgressSetFences: the operator's fences change for a running session:
+// an exception opens a private host, a denial closes a public one, the
+// domain allowlist goes on (a public address no allowed name gave is
+// refused, the allowed name reachable) and off again; a malformed change
+// is refused and changes nothing.
+func TestEgressSetFences(t *testing.T) {
+	containersuite.Require(t)
+	e := newEgressSetup(t, "crun", nil)
+	sb := containersuite.New(t, e.opts)
+	sess := (&testProvider{sb: sb, opts: e.opts, rt: "crun"}).session(t, spec(containersuite.Busybox, sandbox.NetworkEgress))
+	installProbe(t, sess)
+	private := e.up.Hosts[sessnettest.Private10]
+	host := func(h sessnettest.Host) []netip.Prefix { return []netip.Prefix{netip.PrefixFrom(h.Addr, 32)} }
+	set := func(allow, deny []netip.Prefix, domains []string) {
+		t.Helper()
+		if err := container.SetEgressFencesOf(sb, allow, deny, domains); err != nil {
+			t.Fatalf("SetEgressFences(%v, %v, %v): %v", allow, deny, domains, err)
+		}
+		if info := container.EgressOf(sb); !slices.Equal(info.Allow, allow) || !slices.Equal(info.Deny, deny) || !slices.Equal(info.AllowDomains, domains) {
+			t.Errorf("Egress after SetEgressFences: %+v", info)
+		}
+	}
+
+	reached(t, sess, "a public host, no fences of the operator's", "dial", e.denied.TCP.Addr.String())
+	refusedFast(t, sess, "a private host, no fences of the operator's", private.TCP.Addr)
+
+	set(host(private), host(e.denied), nil)
+	reached(t, sess, "the private host, now an exception", "dial", private.TCP.Addr.String())
+	refusedFast(t, sess, "the public host, now denied", e.denied.TCP.Addr)
+
+	set(nil, nil, []string{allowedName})
+	refusedFast(t, sess, "a public address no allowed name gave, the allowlist on", e.denied.TCP.Addr)
+	refusedFast(t, sess, "the private host, its exception gone", private.TCP.Addr)
+	reached(t, sess, allowedName+" by name, the allowlist on", "dial", net.JoinHostPort(allowedName, itoa(int(e.allowed.TCP.Addr.Port()))))
+	if r := notReached(t, sess, "DNS for "+deniedName+", the allowlist on", "dns", deniedName); r.Err != "rcode REFUSED" {
+		t.Errorf("%s: %s, want REFUSED", deniedName, r.Err)
+	}
+
+	if err := container.SetEgressFencesOf(sb, []netip.Prefix{netip.MustParsePrefix("10.1.2.3/8")}, nil, nil); err == nil || !strings.Contains(err.Error(), "10.1.2.3/8") {
+		t.Errorf("SetEgressFences with host bits set: %v, want an error naming the prefix", err)
+	}
+	if err := container.SetEgressFencesOf(sb, nil, nil, []string{"bad..test"}); err == nil || !strings.Contains(err.Error(), "bad..test") {
+		t.Errorf("SetEgressFences with a bad pattern: %v, want an error naming it", err)
+	}
+	refusedFast(t, sess, "a public address no allowed name gave, after refused changes", e.denied.TCP.Addr)
+
+	set(nil, nil, nil)
+	reached(t, sess, "the public host, the allowlist off", "dial", e.denied.TCP.Addr.String())
+	if r := reached(t, sess, "DNS for "+deniedName+", the allowlist off", "resolve", deniedName); r.Detail != e.denied.Addr.String() {
+		t.Errorf("%s resolved to %q, want %s", deniedName, r.Detail, e.denied.Addr)
+	}
+}

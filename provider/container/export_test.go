@@ -1,6 +1,7 @@
 package container
 
 import (
+	"net/netip"
 	"io"
 
 	"github.com/tai42/sandbox/kit"
@@ -47,3 +48,9 @@ func EgressStatsOf(sb *kit.Sandbox) (EgressStats, error) {
 
 // EgressOf is what the provider of sb enforces on network "egress".
 func EgressOf(sb *kit.Sandbox) EgressInfo { return sb.Provider().(*provider).Egress() }
+
+// SetEgressFencesOf changes the operator's egress fences of the provider
+// of sb (see provider.SetEgressFences).
+func SetEgressFencesOf(sb *kit.Sandbox, allow, deny []netip.Prefix, domains []string) error {
+	return sb.Provider().(*provider).SetEgressFences(allow, deny, domains)
+}
