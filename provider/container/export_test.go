@@ -1,8 +1,8 @@
 package container
 
 import (
-	"net/netip"
 	"io"
+	"net/netip"
 
 	"github.com/tai42/sandbox/kit"
 )
