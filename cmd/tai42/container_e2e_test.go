@@ -3,14 +3,19 @@ package main
 import (
 	"bytes"
 	"debug/elf"
+	"encoding/json"
 	"errors"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/tai42/sandbox/api"
 	"github.com/tai42/sandbox/internal/testimage"
 )
 
@@ -223,5 +228,80 @@ func TestBinaryContainerCgo(t *testing.T) {
 	}
 	if s := d.stderr.String(); strings.Contains(s, "level=WARN") || strings.Contains(s, "level=ERROR") {
 		t.Errorf("the daemon warned:\n%s", s)
+	}
+}
+
+// TestBinaryContainerReload: "tai42 serve --provider container" reports its
+// egress fences in GET /v1/policy, and a SIGHUP after the config file's
+// [egress] changed applies the new ones (the provider's test of
+// SetEgressFences checks what sessions then reach); a file that no longer
+// resolves changes nothing.
+func TestBinaryContainerReload(t *testing.T) {
+	requireContainer(t)
+	bin := buildBinary(t)
+	conf := filepath.Join(t.TempDir(), "tai42.toml")
+	write := func(text string) {
+		t.Helper()
+		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("[egress]\ndeny = [\"203.0.113.0/24\"]\n")
+	state := t.TempDir()
+	d := startDaemonProc(t, bin, []string{"PATH=" + os.Getenv("PATH"), "TAI42_TOKEN=" + testToken},
+		"--listen", "127.0.0.1:0", "--state-dir", state, "--provider", "container", "--net-prefix", "t42rl", "--config", conf)
+	policy := func() api.PolicyInfo {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "http://"+d.addr+"/v1/policy", nil)
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var p api.PolicyInfo
+		if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		if p.EgressFences == nil || !p.EgressFences.Enforced {
+			t.Fatalf("GET /v1/policy on the container provider: fences %+v, want enforced", p.EgressFences)
+		}
+		return p
+	}
+	if got := policy().EgressFences.Deny; !slices.Equal(got, []string{"203.0.113.0/24"}) {
+		t.Errorf("deny at start: %v", got)
+	}
+	waitDeny := func(want []string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for got := policy().EgressFences.Deny; !slices.Equal(got, want); got = policy().EgressFences.Deny {
+			if time.Now().After(deadline) {
+				t.Fatalf("deny after SIGHUP: %v, want %v; stderr:\n%s", got, want, d.stderr.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	write("[egress]\ndeny = [\"198.51.100.0/24\"]\nallow_domains = [\"*.example.org\"]\n")
+	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitDeny([]string{"198.51.100.0/24"})
+	if got := policy().EgressFences.AllowDomains; !slices.Equal(got, []string{"*.example.org"}) {
+		t.Errorf("allow_domains after SIGHUP: %v", got)
+	}
+	write("[egress]\ndeny = [\"198.51.100.7/24\"]\n")
+	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(d.stderr.String(), "198.51.100.7/24") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no refusal naming the bad CIDR after SIGHUP:\n%s", d.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	waitDeny([]string{"198.51.100.0/24"})
+	if code, _ := d.stop(t); code != 0 {
+		t.Errorf("the daemon exited %d on SIGTERM; stderr:\n%s", code, d.stderr.String())
 	}
 }
