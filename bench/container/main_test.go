@@ -97,11 +97,21 @@ func (p *tracked) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (
 // made through it left its directory, a cgroup or a mount.
 func newProvider(b testing.TB, rt string) (*tracked, container.Options) {
 	b.Helper()
+	return newProviderWith(b, rt, nil)
+}
+
+// newProviderWith is newProvider with its options changed by set (when
+// not nil) before the provider is made.
+func newProviderWith(b testing.TB, rt string, set func(*container.Options)) (*tracked, container.Options) {
+	b.Helper()
 	if !containersuite.HasRuntime(rt) {
 		b.Skipf("%s is not installed (apt-get install -y %s)", rt, rt)
 	}
 	opts := containersuite.Options(b, rt, policy)
 	opts.ReapInterval = -1
+	if set != nil {
+		set(&opts)
+	}
 	p := &tracked{}
 	// Registered before containersuite.New's Close, so it runs after it.
 	b.Cleanup(func() {

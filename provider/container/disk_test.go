@@ -2,6 +2,7 @@ package container_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/containersuite"
+	"github.com/tai42/sandbox/provider/container"
 )
 
 // diskMB is the small cap the disk tests run with.
@@ -175,5 +177,174 @@ func TestDiskCapInodes(t *testing.T) {
 	n, _ := strconv.Atoi(lines[0])
 	if n < 1800 || n > 2048 || !strings.Contains(res.Stdout, "No space left") {
 		t.Errorf("a session with 2048 inodes made %d files before %+v; want a little under 2048 and No space left", n, res)
+	}
+}
+
+// TestDiskRecover: after a crash (the provider abandoned, as a SIGKILL
+// leaves it), a provider with the same ledger keeps the kept sessions'
+// disks working (a write to the cap still ends in ENOSPC, /tmp's files are
+// there) and sweeps the rest: the crashed provider's pool disks and the
+// disk of a session the ledger no longer holds. After its Close no loop
+// device, disk mount or ephemeral image is left; the persistent image is.
+func TestDiskRecover(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, rt string) {
+		opts := recoverOptions(t, rt, container.UserNamespaceAuto)
+		opts.DiskMB = diskMB
+		sbA, ledger, crash := crashable(t, opts)
+		sp := spec(containersuite.Busybox, sandbox.NetworkNone)
+		sp.Durability, sp.WorkspaceKey = sandbox.Persistent, "disk-"+randomToken(6)
+		kept := []*crashSession{
+			{name: "ephemeral", spec: spec(containersuite.Busybox, sandbox.NetworkNone)},
+			{name: "persistent", spec: sp},
+		}
+		for _, s := range kept {
+			makeCrashSession(t, sbA, s)
+		}
+		gone := &crashSession{name: "dropped", spec: spec(containersuite.Busybox, sandbox.NetworkNone)}
+		makeCrashSession(t, sbA, gone)
+		crash()
+		if err := ledger.Delete(ctxFor(t), gone.id); err != nil {
+			t.Fatal(err)
+		}
+		opts.Ledger = ledger
+		sb, err := container.New(opts)
+		if err != nil {
+			t.Fatalf("a new provider with the crashed one's ledger: %v", err)
+		}
+		p := &testProvider{sb: sb, opts: opts, rt: rt}
+		for _, s := range kept {
+			sess, err := sb.GetSession(ctxFor(t), s.id)
+			if err != nil {
+				t.Fatalf("%s: GetSession after the recovery: %v", s.name, err)
+			}
+			if out := strings.TrimSpace(mustSh(t, sess, `cat /workspace/hello; echo; cat /tmp/bg.pid >/dev/null && echo tmp`)); out != s.token+"\ntmp" {
+				t.Errorf("%s: its workspace file and its /tmp after the recovery: %q", s.name, out)
+			}
+			res := sh(t, sess, `dd if=/dev/zero of=/workspace/big bs=1M 2>&1`)
+			if res.ExitCode == 0 || !strings.Contains(res.Stdout, "No space left") {
+				t.Errorf("%s: dd past the cap after the recovery: exit %d, %q", s.name, res.ExitCode, res.Stdout)
+			}
+			mustSh(t, sess, `rm /workspace/big`)
+		}
+		// The dropped session's image and the crashed pool's are gone.
+		disks, _ := filepath.Glob(filepath.Join(p.root(), "disks", "*.img"))
+		// 1 kept ephemeral session + the new pool (at most DefaultDiskPool).
+		if len(disks) > 1+container.DefaultDiskPool {
+			t.Errorf("after the recovery the disks directory holds %d images; want the kept session's and the new pool's (at most %d): %v", len(disks), 1+container.DefaultDiskPool, disks)
+		}
+		// The persistent workspace outlives the sessions, with its files.
+		if err := sb.Close(ctxFor(t)); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		if imgs := p.images(t); len(imgs) != 1 || filepath.Base(imgs[0]) != sp.WorkspaceKey+".img" {
+			t.Errorf("images after Close: %v; want the persistent workspace's alone", imgs)
+		}
+		if l := loopsUnder(t, p.root()); len(l) != 0 {
+			t.Errorf("loop devices left after Close: %v", l)
+		}
+		if m, err := mountsUnder("/proc/self/mountinfo", p.root()); err != nil || len(m) != 0 {
+			t.Errorf("mounts left after Close: %v %v", m, err)
+		}
+		opts.Ledger = nil
+		again := &testProvider{sb: containersuite.New(t, opts), opts: opts, rt: rt}
+		sess := again.session(t, sp)
+		if out := strings.TrimSpace(mustSh(t, sess, `cat /workspace/hello; ls -A /workspace`)); out != kept[1].token+"hello" {
+			t.Errorf("the persistent workspace in a later session: %q", out)
+		}
+	})
+}
+
+// TestDiskPersistent: a persistent workspace is an image kept with its
+// key: its files survive a session that filled it to the cap; df shows the
+// cap; lost+found is not in it; workspace ls gives the image's host size
+// and rm deletes it; a legacy plain directory is moved into an image at the
+// key's next create.
+func TestDiskPersistent(t *testing.T) {
+	p := newDiskProvider(t, "crun", diskMB, 0)
+	key := "pers-" + randomToken(6)
+	sp := spec(containersuite.Busybox, sandbox.NetworkNone)
+	sp.Durability, sp.WorkspaceKey = sandbox.Persistent, key
+	sess := p.session(t, sp)
+	if size := dfSize(t, sess, "/workspace"); size > diskMB<<10 || size < diskMB<<10*7/10 {
+		t.Errorf("df /workspace shows %d KiB, want about the cap (%d KiB)", size, diskMB<<10)
+	}
+	mustSh(t, sess, `echo keep > /workspace/keep && [ ! -e /workspace/lost+found ]`)
+	res := sh(t, sess, `dd if=/dev/zero of=/workspace/big bs=1M 2>&1`)
+	if res.ExitCode == 0 || !strings.Contains(res.Stdout, "No space left") {
+		t.Fatalf("dd past the cap: exit %d, %q", res.ExitCode, res.Stdout)
+	}
+	if err := sess.Destroy(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	ws, err := p.sb.ListWorkspaces(ctxFor(t))
+	if err != nil || len(ws) != 1 || ws[0].Key != key || ws[0].SizeBytes < diskMB<<20*7/10 {
+		t.Fatalf("Workspaces: %+v, %v; want %s at about the cap (the full image's host blocks)", ws, err, key)
+	}
+	sess = p.session(t, sp)
+	if out := strings.TrimSpace(mustSh(t, sess, `cat /workspace/keep; rm /workspace/big; ls /workspace`)); out != "keep\nkeep" {
+		t.Errorf("the workspace after a session that filled it: %q", out)
+	}
+	if err := sess.Destroy(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.sb.RemoveWorkspace(ctxFor(t), key); err != nil {
+		t.Fatal(err)
+	}
+	if imgs, _ := filepath.Glob(filepath.Join(p.root(), "workspaces", "*.img*")); len(imgs) != 0 {
+		t.Errorf("workspace images after the workspace's removal: %v", imgs)
+	}
+	// A plain directory of an earlier version: moved into an image.
+	legacy := filepath.Join(p.root(), "workspaces", "old")
+	if err := os.MkdirAll(filepath.Join(legacy, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(legacy, "sub", "f"), []byte("old"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("sub/f", filepath.Join(legacy, "link")); err != nil {
+		t.Fatal(err)
+	}
+	sp.WorkspaceKey = "old"
+	sess = p.session(t, sp)
+	if out := strings.TrimSpace(mustSh(t, sess, `cat /workspace/link; stat -c %a /workspace/sub/f; readlink /workspace/link`)); out != "old640\nsub/f" {
+		t.Errorf("the migrated workspace: %q", out)
+	}
+	if _, err := os.Lstat(legacy); !os.IsNotExist(err) {
+		t.Errorf("the legacy directory after its move into an image: %v", err)
+	}
+}
+
+// TestDiskTooSmall: a cap below what a session's start needs fails the
+// create, naming the cap, and leaves no mount, loop device or image.
+func TestDiskTooSmall(t *testing.T) {
+	p := newDiskProvider(t, "crun", 1, 16)
+	_, err := p.sb.CreateSession(ctxFor(t), spec(containersuite.Busybox, sandbox.NetworkNone))
+	if err == nil || !strings.Contains(err.Error(), "cap") {
+		t.Fatalf("a create with a 1 MiB, 16 inode disk: %v; want an error naming the cap", err)
+	}
+	t.Log(err)
+	p.closeWait(t)
+	if imgs := p.images(t); len(imgs) != 0 {
+		t.Errorf("images left: %v", imgs)
+	}
+	if l := loopsUnder(t, p.root()); len(l) != 0 {
+		t.Errorf("loop devices left: %v", l)
+	}
+	if m, err := mountsUnder("/proc/self/mountinfo", p.root()); err != nil || len(m) != 0 {
+		t.Errorf("mounts left: %v %v", m, err)
+	}
+}
+
+// TestDiskReserve: a create is refused when the state directory's
+// filesystem has less free than the reserve, naming both.
+func TestDiskReserve(t *testing.T) {
+	opts := containersuite.Options(t, "crun", permissive)
+	opts.ReapInterval = -1
+	opts.DiskMB, opts.DiskReserveMB = diskMB, 1<<30 // 1 PiB: more than any disk here
+	sb := containersuite.New(t, opts)
+	_, err := sb.CreateSession(ctxFor(t), spec(containersuite.Busybox, sandbox.NetworkNone))
+	var se *sandbox.SandboxError
+	if !errors.As(err, &se) || !strings.Contains(err.Error(), "MiB free, less than the disk reserve of 1073741824 MiB") {
+		t.Fatalf("a create under the reserve: %v; want a SandboxError naming the free space and the reserve", err)
 	}
 }

@@ -397,6 +397,34 @@ func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, 
 	r.lowerMounted = isMounted(mounted, filepath.Join(r.dir, "lower"))
 	r.sysMounted = isMounted(mounted, filepath.Join(r.dir, "sys"))
 
+	env := p.host.Env
+	if k.Spec.Image != HostImage {
+		img, release, err := p.images.Acquire(k.Spec.Image)
+		if err != nil {
+			return nil, fmt.Errorf("its image %q: %w", k.Spec.Image, err)
+		}
+		r.release, r.imageID = release, img.ID
+		if img.ID != h.Image {
+			return nil, fmt.Errorf("its image %q is now %s, not %s, which its root was made of (it was imported again since)", k.Spec.Image, img.ID, h.Image)
+		}
+		env = img.Env
+	}
+	r.env = baseEnv(env)
+
+	if r.dirFD, err = unix.Open(r.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		return nil, fmt.Errorf("its bundle: %w", err)
+	}
+	pid, err := readPidFile(filepath.Join(r.dir, initPidFile))
+	if err != nil {
+		return nil, fmt.Errorf("its container is not running: %w", err)
+	}
+	fd, err := openInit(pid, k.ID)
+	if err != nil {
+		return nil, fmt.Errorf("its container is not running: %w", err)
+	}
+	r.initFD = fd
+	// Its disks once its container is known to run: the container's
+	// mounts are what holds them.
 	if h.Disk != "" {
 		d := &disk{img: filepath.Join(p.diskDir, h.Disk+imageSuffix), mnt: filepath.Join(p.diskDir, h.Disk), owner: p.rootUID()}
 		if err := p.reopenDisk(d, mounted, false); err != nil {
@@ -430,32 +458,6 @@ func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, 
 	}); err != nil {
 		return nil, err
 	}
-	env := p.host.Env
-	if k.Spec.Image != HostImage {
-		img, release, err := p.images.Acquire(k.Spec.Image)
-		if err != nil {
-			return nil, fmt.Errorf("its image %q: %w", k.Spec.Image, err)
-		}
-		r.release, r.imageID = release, img.ID
-		if img.ID != h.Image {
-			return nil, fmt.Errorf("its image %q is now %s, not %s, which its root was made of (it was imported again since)", k.Spec.Image, img.ID, h.Image)
-		}
-		env = img.Env
-	}
-	r.env = baseEnv(env)
-
-	if r.dirFD, err = unix.Open(r.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
-		return nil, fmt.Errorf("its bundle: %w", err)
-	}
-	pid, err := readPidFile(filepath.Join(r.dir, initPidFile))
-	if err != nil {
-		return nil, fmt.Errorf("its container is not running: %w", err)
-	}
-	fd, err := openInit(pid, k.ID)
-	if err != nil {
-		return nil, fmt.Errorf("its container is not running: %w", err)
-	}
-	r.initFD = fd
 	r.agent = &agent.Client{Dial: r.dial}
 	pctx, cancel := context.WithTimeout(ctx, recoverPing)
 	defer cancel()
