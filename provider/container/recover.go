@@ -379,6 +379,18 @@ func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, 
 			}
 		}
 	}()
+	// Its disks are the session's from the start, whether or not they can
+	// be brought back: a failure below has the cleanup unmount them where
+	// they are still mounted (runc's, in this process's namespace), wait
+	// for their loop devices to let go and remove the ephemeral image.
+	// Recover's sweep kept them for this session.
+	if h.Disk != "" {
+		r.disk = &disk{img: filepath.Join(p.diskDir, h.Disk+imageSuffix), mnt: filepath.Join(p.diskDir, h.Disk), owner: p.rootUID()}
+	}
+	if h.WSImage {
+		key := k.Spec.WorkspaceKey
+		r.wsDisk = &disk{img: p.wsImage(key), mnt: filepath.Join(p.perDir, wsMountDir, key), owner: p.rootUID()}
+	}
 	// Its network first: adopted, the cleanup tears it down.
 	if r.net, err = p.net.Adopted(k.ID); err != nil {
 		return nil, fmt.Errorf("its network: %w", err)
@@ -425,20 +437,15 @@ func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, 
 	r.initFD = fd
 	// Its disks once its container is known to run: the container's
 	// mounts are what holds them.
-	if h.Disk != "" {
-		d := &disk{img: filepath.Join(p.diskDir, h.Disk+imageSuffix), mnt: filepath.Join(p.diskDir, h.Disk), owner: p.rootUID()}
-		if err := p.reopenDisk(d, mounted, false); err != nil {
+	if r.disk != nil {
+		if err := p.reopenDisk(r.disk, mounted, false); err != nil {
 			return nil, fmt.Errorf("its disk: %w", err)
 		}
-		r.disk = d
 	}
-	if h.WSImage {
-		key := k.Spec.WorkspaceKey
-		d := &disk{img: p.wsImage(key), mnt: filepath.Join(p.perDir, wsMountDir, key), owner: p.rootUID()}
-		if err := p.reopenDisk(d, mounted, true); err != nil {
+	if r.wsDisk != nil {
+		if err := p.reopenDisk(r.wsDisk, mounted, true); err != nil {
 			return nil, fmt.Errorf("its persistent workspace's image: %w", err)
 		}
-		r.wsDisk = d
 	}
 	switch {
 	case r.wsDisk != nil:
