@@ -281,19 +281,27 @@ func (p *provider) openDisk(img, mnt string, persistent bool) (string, error) {
 	return dev, nil
 }
 
-// closeDisk unmounts d where the runtime runs and waits for its loop
-// device to detach; with remove, it removes the image and the mount point
+// closeDisk unmounts d where the runtime runs, removes its mount point and
+// waits for its loop device to detach; with remove, it removes the image
 // too.
+//
+// The mount point goes before the wait: a mount namespace made while the
+// disk was mounted in this process's (runc's disks are; another process's
+// namespace, or crun's of another provider of this process) holds a copy
+// of the mount, which holds the filesystem and so the device, for as long
+// as that namespace lives, since the host's mounts propagate nothing. The
+// kernel detaches every mount on a directory when the directory is
+// removed, in whatever namespace.
 func (p *provider) closeDisk(d *disk, remove bool) error {
 	if err := p.rt.do(func() error { return unmount(d.mnt) }); err != nil {
 		return fmt.Errorf("unmount the session's disk: %w", err)
 	}
 	var errs []error
-	if err := waitDetached(d.img); err != nil {
-		errs = append(errs, err)
-	}
 	if err := os.Remove(d.mnt); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("the disk's mount point: %w", err))
+	}
+	if err := waitDetached(d.img); err != nil {
+		errs = append(errs, err)
 	}
 	if remove && len(errs) == 0 {
 		if err := os.Remove(d.img); err != nil && !errors.Is(err, fs.ErrNotExist) {

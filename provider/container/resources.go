@@ -226,6 +226,14 @@ func (r *resources) cleanup(ctx context.Context) error {
 		if err := r.p.rt.do(func() error { return unmount(r.rootfs) }); err != nil {
 			errs = append(errs, fmt.Errorf("unmount the session's root: %w", err))
 			unmounted = false
+		} else if r.rootDir == "" {
+			// Its mount point now, not with the bundle: removing it
+			// detaches the copies of the root that mount namespaces made
+			// meanwhile hold (see closeDisk), which would hold its disk.
+			if err := os.Remove(r.rootfs); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("the session's root mount point: %w", err))
+				unmounted = false
+			}
 		}
 	}
 	if r.lowerMounted {
