@@ -263,7 +263,7 @@ type provider struct {
 	perDir   string // persistent workspaces, one per key
 	locks    *sessionlock.Dir
 	cgroups  cgroupLayout
-	userns   *os.File // the sessions' user namespace; nil: none
+	userns   *os.File  // the sessions' user namespace; nil: none
 	diskOn   bool      // sessions get a disk of their own (the cap is on)
 	disk     diskCfg   // their geometry
 	diskDir  string    // their images and mount points
@@ -474,6 +474,11 @@ const cgroupParent = "tai42"
 func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Resources, err error) {
 	if !p.ready.Load() {
 		return nil, errors.New("container: the provider has not recovered its state directory yet (the kit calls Recover before any create)")
+	}
+	if p.pool != nil {
+		// The pool's refill waits for the creates (its rollback included).
+		p.pool.begin()
+		defer p.pool.end()
 	}
 	r := &resources{
 		p: p, id: req.ID, spec: req.Spec,

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/kit"
 )
 
 // Defaults of the disk cap's options (see [Options.DiskMB]).
@@ -84,8 +86,12 @@ func newDiskName() string {
 // mkfs makes img, a sparse file of cfg.mb MiB, into an ext4 filesystem of
 // cfg.inodes inodes whose root directory is owner's. An ephemeral disk has
 // no journal (it does not outlive a crash of the machine that matters); a
-// persistent one has a small one. img must not exist.
-func mkfs(ctx context.Context, img string, cfg diskCfg, owner int, persistent bool) (err error) {
+// persistent one has a small one. Neither has the blocks reserved for an
+// online resize (resize_inode: 4 MiB written at each mkfs of a 10 GiB
+// disk, for a growth a cap never has). With background, mkfs runs at the
+// lowest CPU and I/O priority: it is the pool's refill, which must not
+// slow the creates it runs beside. img must not exist.
+func mkfs(ctx context.Context, img string, cfg diskCfg, owner int, persistent, background bool) (err error) {
 	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return fmt.Errorf("the disk image: %w", err)
@@ -105,17 +111,35 @@ func mkfs(ctx context.Context, img string, cfg diskCfg, owner int, persistent bo
 	args := []string{"-q", "-F", "-b", "4096", "-m", "0", "-N", strconv.Itoa(cfg.inodes),
 		"-E", fmt.Sprintf("lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=%d:%d", owner, owner)}
 	if persistent {
-		args = append(args, "-J", "size=4")
+		args = append(args, "-O", "^resize_inode", "-J", "size=4")
 	} else {
-		args = append(args, "-O", "^has_journal")
+		args = append(args, "-O", "^resize_inode,^has_journal")
 	}
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, mkfsBinary, append(args, img)...)
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
+	err = cmd.Start()
+	if err == nil {
+		if background {
+			// Set just after the exec, before mkfs has done anything
+			// that matters; failing, it only runs at the usual priority.
+			lowPriority(cmd.Process.Pid)
+		}
+		err = cmd.Wait()
+	}
+	if err != nil {
 		return fmt.Errorf("mkfs.ext4 of %s (%d MiB, %d inodes): %w: %s", img, cfg.mb, cfg.inodes, err, strings.TrimSpace(out.String()))
 	}
 	return nil
+}
+
+// lowPriority gives process (or thread) id the lowest CPU priority (nice
+// 19) and the idle I/O class, best effort.
+func lowPriority(id int) {
+	_ = unix.Setpriority(unix.PRIO_PROCESS, id, 19)
+	// ioprio_set(IOPRIO_WHO_PROCESS, id, IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT)
+	const ioprioWhoProcess, ioprioClassIdle, ioprioClassShift = 1, 3, 13
+	_, _, _ = unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, uintptr(id), ioprioClassIdle<<ioprioClassShift)
 }
 
 // mkfsBinary is e2fsprogs' mkfs.ext4, looked up in PATH.
@@ -313,11 +337,12 @@ func (p *provider) closeDisk(d *disk, remove bool) error {
 
 // makeEphemeralDisk makes a session disk in the disks directory, mounted,
 // with its upper (its /tmp in it), work and workspace directories made
-// and owned by root of the sessions. On error nothing of it is left.
-func (p *provider) makeEphemeralDisk(ctx context.Context, cfg diskCfg) (_ *disk, err error) {
+// and owned by root of the sessions; background says it is the pool's
+// refill (see mkfs). On error nothing of it is left.
+func (p *provider) makeEphemeralDisk(ctx context.Context, cfg diskCfg, background bool) (_ *disk, err error) {
 	name := newDiskName()
 	d := &disk{img: filepath.Join(p.diskDir, name+imageSuffix), mnt: filepath.Join(p.diskDir, name), owner: p.rootUID()}
-	if err := mkfs(ctx, d.img, cfg, d.owner, false); err != nil {
+	if err := mkfs(ctx, d.img, cfg, d.owner, false, background); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -375,57 +400,83 @@ func (p *provider) makeEphemeralDisk(ctx context.Context, cfg diskCfg) (_ *disk,
 }
 
 // diskPool holds a few ephemeral disks made ahead, mounted and empty, so
-// that a create takes one instead of making it (tens of milliseconds of
-// mkfs, attach and mount). A goroutine refills it after each take. Safe
-// for concurrent use.
+// that a create takes one instead of making it (mkfs, attach and mount).
+// A goroutine refills it after each take, in the background: at the
+// lowest CPU and I/O priority, and once no create has been running for
+// refillQuiet (at the latest refillMaxDefer after the take), so that the
+// refill does not slow the creates and first execs it would run beside.
+// Safe for concurrent use.
 type diskPool struct {
 	p    *provider
 	want int
 
-	mu     sync.Mutex
-	ready  []*disk
-	closed bool
+	mu       sync.Mutex
+	ready    []*disk
+	closed   bool
+	creating int           // creates running
+	lastEnd  time.Time     // when the last create ended
+	failed   error         // the refill's last failure, until the next take or success
+	changed  chan struct{} // closed and replaced at each change of the above
 
 	kick chan struct{} // a take happened: make more
 	stop chan struct{}
 	done chan struct{}
 }
 
+// How the refill waits for the creates to be done.
+const (
+	refillQuiet    = 20 * time.Millisecond
+	refillMaxDefer = time.Second
+)
+
 func newDiskPool(p *provider, want int) *diskPool {
-	dp := &diskPool{p: p, want: want, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	dp := &diskPool{p: p, want: want, changed: make(chan struct{}), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go dp.fill()
 	return dp
+}
+
+// notify wakes the waiters of a change; dp.mu must be held.
+func (dp *diskPool) notify() {
+	close(dp.changed)
+	dp.changed = make(chan struct{})
 }
 
 // fill keeps the pool at want disks until stop. A disk it cannot make is
 // logged, and tried again at the next take.
 func (dp *diskPool) fill() {
 	defer close(dp.done)
+	// The refill's own work (the attach, runc's mounts) at the lowest
+	// priority too: on a thread of its own, which ends with it. Never the
+	// main thread, which outlives it.
+	runtime.LockOSThread()
+	if tid := unix.Gettid(); tid != unix.Getpid() {
+		lowPriority(tid)
+	}
 	for {
 		for {
 			dp.mu.Lock()
 			n := len(dp.ready)
 			dp.mu.Unlock()
-			if n >= dp.want {
+			if n >= dp.want || !dp.waitQuiet() {
 				break
 			}
-			select {
-			case <-dp.stop:
-				return
-			default:
-			}
-			d, err := dp.p.makeEphemeralDisk(context.Background(), dp.p.disk)
+			d, err := dp.p.makeEphemeralDisk(context.Background(), dp.p.disk, true)
+			dp.mu.Lock()
 			if err != nil {
+				dp.failed = err
+				dp.notify()
+				dp.mu.Unlock()
 				dp.p.log.Warn("container: cannot make a session disk ahead; creates make their own meanwhile", "err", err)
 				break
 			}
-			dp.mu.Lock()
 			if dp.closed {
 				dp.mu.Unlock()
 				dp.p.discardDisk(d)
 				return
 			}
 			dp.ready = append(dp.ready, d)
+			dp.failed = nil
+			dp.notify()
 			dp.mu.Unlock()
 		}
 		select {
@@ -436,6 +487,49 @@ func (dp *diskPool) fill() {
 	}
 }
 
+// waitQuiet waits until no create has run for refillQuiet, or
+// refillMaxDefer has passed; false when the pool stops meanwhile.
+func (dp *diskPool) waitQuiet() bool {
+	deadline := time.Now().Add(refillMaxDefer)
+	for {
+		dp.mu.Lock()
+		busy, since := dp.creating > 0, time.Since(dp.lastEnd)
+		dp.mu.Unlock()
+		wait := refillQuiet
+		if !busy {
+			if since >= refillQuiet {
+				return true
+			}
+			wait -= since
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return true
+		}
+		timer := time.NewTimer(min(wait, left))
+		select {
+		case <-dp.stop:
+			timer.Stop()
+			return false
+		case <-timer.C:
+		}
+	}
+}
+
+// begin and end bracket a create, which the refill waits for.
+func (dp *diskPool) begin() {
+	dp.mu.Lock()
+	dp.creating++
+	dp.mu.Unlock()
+}
+
+func (dp *diskPool) end() {
+	dp.mu.Lock()
+	dp.creating--
+	dp.lastEnd = time.Now()
+	dp.mu.Unlock()
+}
+
 // take returns a ready disk, or nil when none is.
 func (dp *diskPool) take() *disk {
 	dp.mu.Lock()
@@ -444,12 +538,42 @@ func (dp *diskPool) take() *disk {
 		d = dp.ready[n-1]
 		dp.ready = dp.ready[:n-1]
 	}
+	dp.failed = nil // the refill tries again
+	dp.notify()
 	dp.mu.Unlock()
 	select {
 	case dp.kick <- struct{}{}:
 	default:
 	}
 	return d
+}
+
+// wait waits until the pool holds its want disks ready, and returns their
+// names. It fails with the refill's error when the refill failed since the
+// last take, when the pool is closed, or when ctx ends.
+func (dp *diskPool) wait(ctx context.Context) ([]string, error) {
+	for {
+		dp.mu.Lock()
+		var names []string
+		for _, d := range dp.ready {
+			names = append(names, d.name())
+		}
+		closed, failed, changed := dp.closed, dp.failed, dp.changed
+		dp.mu.Unlock()
+		switch {
+		case closed:
+			return nil, errors.New("the disk pool is closed")
+		case len(names) >= dp.want:
+			return names, nil
+		case failed != nil:
+			return nil, fmt.Errorf("the disk pool's refill failed: %w", failed)
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for the disk pool to be refilled (%d of %d ready): %w", len(names), dp.want, ctx.Err())
+		}
+	}
 }
 
 // close stops the refill and removes the ready disks.
@@ -462,6 +586,7 @@ func (dp *diskPool) close() {
 	dp.closed = true
 	ready := dp.ready
 	dp.ready = nil
+	dp.notify()
 	dp.mu.Unlock()
 	close(dp.stop)
 	<-dp.done
@@ -480,9 +605,26 @@ func (dp *diskPool) abandon() {
 	}
 	dp.closed = true
 	dp.ready = nil
+	dp.notify()
 	dp.mu.Unlock()
 	close(dp.stop)
 	<-dp.done
+}
+
+// WaitDiskPool waits until the container provider of sb has its pool of
+// disks made ahead full (Options.DiskPool), so that its next create takes
+// one: benchmarks and tests use it to see a provider at rest. It returns
+// nil at once when the provider has no pool (the cap off, DiskPool
+// negative, or sb not a container provider's), and an error when the
+// refill failed since the last create, the pool is closed, or ctx ends.
+// Safe for concurrent use, once Recover is done (kit.New returns then).
+func WaitDiskPool(ctx context.Context, sb *kit.Sandbox) error {
+	p, ok := sb.Provider().(*provider)
+	if !ok || p.pool == nil {
+		return nil
+	}
+	_, err := p.pool.wait(ctx)
+	return err
 }
 
 // discardDisk removes an ephemeral disk no session took, logging a
@@ -501,7 +643,7 @@ func (p *provider) sessionDisk(ctx context.Context) (*disk, error) {
 			return d, nil
 		}
 	}
-	return p.makeEphemeralDisk(ctx, p.disk)
+	return p.makeEphemeralDisk(ctx, p.disk, false)
 }
 
 // checkReserve refuses a create when the state directory's filesystem has
@@ -536,7 +678,7 @@ func (p *provider) checkDisks() error {
 	}
 	// A small disk: the check is of the mechanism; a cap too small for
 	// a session fails its create, saying so.
-	d, err := p.makeEphemeralDisk(context.Background(), diskCfg{mb: 16, inodes: 1024})
+	d, err := p.makeEphemeralDisk(context.Background(), diskCfg{mb: 16, inodes: 1024}, false)
 	if err != nil {
 		return fmt.Errorf("the session disk cap: cannot make a session disk: %w%s", err, off)
 	}
