@@ -2,9 +2,11 @@ package container_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -226,11 +228,38 @@ func TestDiskRecover(t *testing.T) {
 			}
 			mustSh(t, sess, `rm /workspace/big`)
 		}
-		// The dropped session's image and the crashed pool's are gone.
+		// The dropped session's image and the crashed pool's are gone:
+		// what is left is the kept sessions' disks (each has one, the
+		// persistent one for its root's upper layer) and the new pool's.
+		records, err := ledger.Load(ctxFor(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want []string
+		for _, r := range records {
+			var h struct{ Disk string }
+			if err := json.Unmarshal(r.Handle, &h); err != nil || h.Disk == "" {
+				t.Fatalf("session %s's handle %s names no disk (%v)", r.ID, r.Handle, err)
+			}
+			want = append(want, filepath.Join(p.root(), "disks", h.Disk+".img"))
+		}
+		if len(want) != len(kept) {
+			t.Fatalf("the ledger holds %d sessions, want the %d kept", len(want), len(kept))
+		}
+		pool := poolDisks(t, sb)
+		if len(pool) != container.DefaultDiskPool {
+			t.Errorf("the new provider's pool holds %d disks, want %d", len(pool), container.DefaultDiskPool)
+		}
+		for _, d := range pool {
+			want = append(want, d+".img")
+		}
 		disks, _ := filepath.Glob(filepath.Join(p.root(), "disks", "*.img"))
-		// 1 kept ephemeral session + the new pool (at most DefaultDiskPool).
-		if len(disks) > 1+container.DefaultDiskPool {
-			t.Errorf("after the recovery the disks directory holds %d images; want the kept session's and the new pool's (at most %d): %v", len(disks), 1+container.DefaultDiskPool, disks)
+		slices.Sort(want)
+		if !slices.Equal(disks, want) {
+			t.Errorf("after the recovery the disks directory holds %v; want the kept sessions' and the new pool's: %v", disks, want)
+		}
+		if loops := loopsUnder(t, filepath.Join(p.root(), "disks")); len(loops) != len(want) {
+			t.Errorf("after the recovery the loop devices on the state directory's files are %v; want one for each of %v", loops, want)
 		}
 		// The persistent workspace outlives the sessions, with its files.
 		if err := sb.Close(ctxFor(t)); err != nil {
