@@ -33,7 +33,7 @@ func BenchmarkDiskCap(b *testing.B) {
 	uncapped, _ := newProviderWith(b, rt, func(o *container.Options) { o.DiskOff = true })
 	ctx := context.Background()
 	op := func(sb *tracked) (time.Duration, error) {
-		if err := container.WaitDiskPool(ctx, sb.Sandbox); err != nil {
+		if _, err := container.WaitDiskPool(ctx, sb.Sandbox); err != nil {
 			return 0, err
 		}
 		time.Sleep(30 * time.Millisecond)

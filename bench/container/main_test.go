@@ -118,7 +118,7 @@ func newProviderWith(b testing.TB, rt string, set func(*container.Options)) (*tr
 		p.mu.Lock()
 		ids := slices.Clone(p.ids)
 		p.mu.Unlock()
-		d, c, m := leftovers(filepath.Join(opts.StateDir, "container", "sessions"), opts.StateDir, ids)
+		d, c, m := leftovers(filepath.Join(opts.StateDir, "container", "sessions"), opts.StateDir, ids, nil)
 		if len(d)+len(c)+len(m) > 0 {
 			b.Errorf("the %s provider left, after its Close: session dirs %v, cgroups %v, mounts %v", rt, d, c, m)
 		}

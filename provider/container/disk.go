@@ -613,18 +613,25 @@ func (dp *diskPool) abandon() {
 
 // WaitDiskPool waits until the container provider of sb has its pool of
 // disks made ahead full (Options.DiskPool), so that its next create takes
-// one: benchmarks and tests use it to see a provider at rest. It returns
-// nil at once when the provider has no pool (the cap off, DiskPool
-// negative, or sb not a container provider's), and an error when the
-// refill failed since the last create, the pool is closed, or ctx ends.
-// Safe for concurrent use, once Recover is done (kit.New returns then).
-func WaitDiskPool(ctx context.Context, sb *kit.Sandbox) error {
+// one, and returns their mount points (each one's image is the mount point
+// followed by ".img"): benchmarks and tests use it to see a provider at
+// rest, and to tell its pool's disks, which no session has, from a
+// session's. It returns none at once when the provider has no pool (the
+// cap off, DiskPool negative, or sb not a container provider's), and an
+// error when the refill failed since the last create, the pool is closed,
+// or ctx ends. Safe for concurrent use, once Recover is done (kit.New
+// returns then).
+func WaitDiskPool(ctx context.Context, sb *kit.Sandbox) ([]string, error) {
 	p, ok := sb.Provider().(*provider)
 	if !ok || p.pool == nil {
-		return nil
+		return nil, nil
 	}
-	_, err := p.pool.wait(ctx)
-	return err
+	names, err := p.pool.wait(ctx)
+	var out []string
+	for _, n := range names {
+		out = append(out, filepath.Join(p.diskDir, n))
+	}
+	return out, err
 }
 
 // discardDisk removes an ephemeral disk no session took, logging a

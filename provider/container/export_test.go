@@ -1,7 +1,6 @@
 package container
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -103,20 +102,4 @@ func SessionDirs(sb *kit.Sandbox, id string) (upper, workspace string, err error
 		return "", "", fmt.Errorf("session %s: no root overlay mounted at %s where the runtime runs, or no workspace in its config", id, s.Root.Path)
 	}
 	return upper, workspace, nil
-}
-
-// PoolDisks waits for the disk pool of sb's provider to be full and
-// returns the mount points of its ready disks (each one's image is the
-// mount point + ".img"); none when it has no pool.
-func PoolDisks(ctx context.Context, sb *kit.Sandbox) ([]string, error) {
-	p := sb.Provider().(*provider)
-	if p.pool == nil {
-		return nil, nil
-	}
-	names, err := p.pool.wait(ctx)
-	var out []string
-	for _, n := range names {
-		out = append(out, filepath.Join(p.diskDir, n))
-	}
-	return out, err
 }

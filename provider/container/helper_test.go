@@ -252,7 +252,7 @@ func poolDisks(t testing.TB, sb *kit.Sandbox) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	pool, err := container.PoolDisks(ctx, sb)
+	pool, err := container.WaitDiskPool(ctx, sb)
 	if err != nil {
 		t.Fatalf("the provider's disk pool: %v", err)
 	}
