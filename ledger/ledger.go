@@ -17,10 +17,12 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
+	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/kit"
@@ -84,11 +86,83 @@ func Open(path string) (*DB, error) {
 		_, err = tx.CreateBucketIfNotExists(bucketSessions)
 		return err
 	})
+	if err == nil {
+		err = preallocate(path, PreallocateBytes)
+	}
 	if err != nil {
 		db.Close()
 		return nil, err
 	}
 	return &DB{db: db, path: path}, nil
+}
+
+// PreallocateBytes is the size the ledger's file is given at its first
+// open, in blocks written with zeros: a ledger write then never needs a
+// new block of the filesystem, so one that sessions (or anything else)
+// filled up still takes every write. bbolt uses no page past its
+// high-water mark, grows the file only when that passes the file's size,
+// and never shrinks it. 8 MiB holds tens of thousands of sessions.
+const PreallocateBytes = 8 << 20
+
+// preallocate gives the file at path real blocks up to size bytes: it
+// writes zeros into its holes (bbolt grows the file with truncate, which
+// leaves holes where it has written no page yet) and past its end, then
+// flushes it. It runs before any transaction of this process, so a hole
+// is a place where bbolt has nothing.
+func preallocate(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("ledger: preallocating %s: %w", path, err)
+	}
+	defer f.Close()
+	fail := func(err error) error {
+		return fmt.Errorf("ledger: preallocating %s (%d bytes of real blocks, so that no write of the ledger needs new disk space): %w", path, size, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return fail(err)
+	}
+	end := fi.Size()
+	fd := int(f.Fd())
+	zeros := make([]byte, 1<<20)
+	fill := func(from, to int64) error {
+		for off := from; off < to; {
+			n := min(int64(len(zeros)), to-off)
+			if _, err := f.WriteAt(zeros[:n], off); err != nil {
+				return err
+			}
+			off += n
+		}
+		return nil
+	}
+	wrote := false
+	for off := int64(0); off < min(end, size); {
+		hole, err := unix.Seek(fd, off, unix.SEEK_HOLE)
+		if err != nil || hole >= end {
+			break
+		}
+		data, err := unix.Seek(fd, hole, unix.SEEK_DATA)
+		if err != nil { // ENXIO: no data past the hole
+			data = end
+		}
+		if err := fill(hole, min(data, size)); err != nil {
+			return fail(err)
+		}
+		wrote, off = true, data
+	}
+	if end < size {
+		if err := fill(end, size); err != nil {
+			return fail(err)
+		}
+		wrote = true
+	}
+	if !wrote {
+		return nil
+	}
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	return nil
 }
 
 // Path is the ledger's file.

@@ -101,20 +101,31 @@ func (p *tracked) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (
 // made through it left its directory, a cgroup or a mount.
 func newProvider(b testing.TB, rt string) (*tracked, container.Options) {
 	b.Helper()
-	return newProviderAgent(b, rt, "")
+	return newProviderWith(b, rt, nil)
 }
 
 // newProviderAgent is newProvider with agent as the agent binary ("" for
 // the suite's static one).
 func newProviderAgent(b testing.TB, rt, agent string) (*tracked, container.Options) {
 	b.Helper()
+	return newProviderWith(b, rt, func(o *container.Options) {
+		if agent != "" {
+			o.AgentBinary = agent
+		}
+	})
+}
+
+// newProviderWith is newProvider with its options changed by set (when
+// not nil) before the provider is made.
+func newProviderWith(b testing.TB, rt string, set func(*container.Options)) (*tracked, container.Options) {
+	b.Helper()
 	if !containersuite.HasRuntime(rt) {
 		b.Skipf("%s is not installed (apt-get install -y %s)", rt, rt)
 	}
 	opts := containersuite.Options(b, rt, policy)
 	opts.ReapInterval = -1
-	if agent != "" {
-		opts.AgentBinary = agent
+	if set != nil {
+		set(&opts)
 	}
 	p := &tracked{}
 	// Registered before containersuite.New's Close, so it runs after it.
@@ -122,7 +133,7 @@ func newProviderAgent(b testing.TB, rt, agent string) (*tracked, container.Optio
 		p.mu.Lock()
 		ids := slices.Clone(p.ids)
 		p.mu.Unlock()
-		d, c, m := leftovers(filepath.Join(opts.StateDir, "container", "sessions"), opts.StateDir, ids)
+		d, c, m := leftovers(filepath.Join(opts.StateDir, "container", "sessions"), opts.StateDir, ids, nil)
 		if len(d)+len(c)+len(m) > 0 {
 			b.Errorf("the %s provider left, after its Close: session dirs %v, cgroups %v, mounts %v", rt, d, c, m)
 		}

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/containersuite"
+	"github.com/tai42/sandbox/provider/container"
 )
 
 // BenchmarkIdleSessions holds BENCH_SCALE_SESSIONS (default 500) live idle
@@ -103,7 +105,11 @@ func BenchmarkIdleSessions(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		leftSessions, leftCgroups, leftMounts := leftovers(sessDir, opts.StateDir, sessionIDs(sessions))
+		pool, err := container.WaitDiskPool(ctx, sb.Sandbox)
+		if err != nil {
+			b.Fatal(err)
+		}
+		leftSessions, leftCgroups, leftMounts := leftovers(sessDir, opts.StateDir, sessionIDs(sessions), pool)
 		if len(leftSessions)+len(leftCgroups)+len(leftMounts) > 0 {
 			b.Errorf("left after destroying every session: session dirs %v, cgroups %v, mounts %v", leftSessions, leftCgroups, leftMounts)
 		}
@@ -185,9 +191,16 @@ const rootsDir = "/run/tai42/roots"
 
 // leftovers lists what the sessions ids left: entries of the sessions
 // directory and their root mount points under rootsDir, their cgroups (in
-// any hierarchy, under tai42), and mounts under stateDir or on a path
-// through a directory named by one of the ids.
-func leftovers(sessDir, stateDir string, ids []string) (dirs, cgroups, mounts []string) {
+// any hierarchy, under tai42), mounts under stateDir or on a path through
+// a directory named by one of the ids, the disk cap's images and mount
+// points in the disks directory (with dirs) and loop devices on files
+// under stateDir (with mounts). pool are the mount points of the disks a
+// provider still open made ahead for no session (container.WaitDiskPool):
+// they, their images and loop devices are not left.
+func leftovers(sessDir, stateDir string, ids, pool []string) (dirs, cgroups, mounts []string) {
+	isPool := func(p string) bool {
+		return slices.ContainsFunc(pool, func(d string) bool { return p == d || p == d+".img" })
+	}
 	entries, err := os.ReadDir(sessDir)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		dirs = append(dirs, fmt.Sprintf("cannot read %s: %v", sessDir, err))
@@ -229,8 +242,21 @@ func leftovers(sessDir, stateDir string, ids []string) (dirs, cgroups, mounts []
 		for _, el := range strings.Split(f[4], "/") {
 			mine = mine || ours[el]
 		}
-		if mine {
+		if mine && !isPool(f[4]) {
 			mounts = append(mounts, f[4])
+		}
+	}
+	disks, _ := filepath.Glob(filepath.Join(stateDir, "container", "disks", "*"))
+	for _, d := range disks {
+		if !isPool(d) {
+			dirs = append(dirs, d)
+		}
+	}
+	blocks, _ := os.ReadDir("/sys/block")
+	for _, e := range blocks {
+		b, err := os.ReadFile(filepath.Join("/sys/block", e.Name(), "loop", "backing_file"))
+		if f := strings.TrimSpace(string(b)); err == nil && strings.HasPrefix(f, stateDir+"/") && !isPool(f) {
+			mounts = append(mounts, "/dev/"+e.Name()+" on "+f)
 		}
 	}
 	return dirs, cgroups, mounts

@@ -47,6 +47,12 @@ func (c *crashRun) sessionDirs() []string {
 // two.
 func (c *crashRun) checkMachine(before map[string]sandbox.SessionInfo, relist func() map[string]sandbox.SessionInfo) (report func()) {
 	owned := func(id string) bool { _, ok := before[id]; return ok }
+	keys := map[string]bool{} // the persistent workspaces the listed sessions hold
+	for _, in := range before {
+		if in.Durability == sandbox.Persistent {
+			keys[in.WorkspaceKey] = true
+		}
+	}
 	var errs []string
 
 	// Exec processes go first: recovery ends them, maybe not at once.
@@ -59,7 +65,7 @@ func (c *crashRun) checkMachine(before map[string]sandbox.SessionInfo, relist fu
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	found, err := c.strayThings(owned)
+	found, err := c.strayThings(owned, keys)
 	if err != nil {
 		errs = append(errs, err.Error())
 	}
@@ -69,7 +75,7 @@ func (c *crashRun) checkMachine(before map[string]sandbox.SessionInfo, relist fu
 		// owns its resources until the reaper's next pass: what is still
 		// there a few passes later is left behind.
 		time.Sleep(crashReapWait)
-		again, _ := c.strayThings(owned)
+		again, _ := c.strayThings(owned, keys)
 		again = append(again, c.strayProcesses(owned)...)
 		still := map[stray]bool{}
 		for _, s := range again {
@@ -95,9 +101,10 @@ func (c *crashRun) checkMachine(before map[string]sandbox.SessionInfo, relist fu
 	}
 }
 
-// strayThings lists the session directories, cgroups and mounts of the
-// run that no listed session owns.
-func (c *crashRun) strayThings(owned func(string) bool) ([]stray, error) {
+// strayThings lists the session directories, cgroups, mounts and disks of
+// the run that no listed session owns (keys: the persistent workspaces the
+// listed sessions hold).
+func (c *crashRun) strayThings(owned func(string) bool, keys map[string]bool) ([]stray, error) {
 	var found []stray
 	for _, dir := range c.sessionDirs() {
 		for _, name := range readDirNames(dir) {
@@ -113,10 +120,16 @@ func (c *crashRun) strayThings(owned func(string) bool) ([]stray, error) {
 	}
 	mounts, err := readMountinfo()
 	for _, mt := range mounts {
+		if c.diskMount(mt.point) {
+			continue // strayDisks's
+		}
 		id, ours := c.mountOwner(mt.point)
 		if ours && (id == "" || !owned(id)) {
 			found = append(found, stray{id: id, kind: "mounts", what: fmt.Sprintf("%s (%s)", c.rel(mt.point), mt.fstype)})
 		}
+	}
+	if c.provider == container.Name {
+		found = append(found, c.strayDisks(owned, keys, mounts)...)
 	}
 	if c.provider == container.Name {
 		for _, id := range readDirNames(rootsDir) {
@@ -128,10 +141,150 @@ func (c *crashRun) strayThings(owned func(string) bool) ([]stray, error) {
 	return found, err
 }
 
+// The container provider's disk cap (container.Options.DiskMB): a
+// session's disk is <provider>/disks/NAME.img, on a loop device, mounted at
+// disks/NAME where the runtime runs (this process's namespace for runc,
+// the daemon's own for crun), its root overlay's upper layer in it; a
+// persistent workspace is workspaces/KEY.img, mounted at
+// workspaces/+mnt/KEY while a session holds the key; the daemon keeps a
+// pool of container.DefaultDiskPool disks made ahead, mounted, for no
+// session yet.
+func (c *crashRun) disksDir() string { return filepath.Join(c.state, c.provider, "disks") }
+func (c *crashRun) wsMountDir() string {
+	return filepath.Join(c.state, c.provider, "workspaces", "+mnt")
+}
+
+// diskMount says whether mount point p is a disk's or a workspace image's.
+func (c *crashRun) diskMount(p string) bool {
+	return c.provider == container.Name && (filepath.Dir(p) == c.disksDir() || filepath.Dir(p) == c.wsMountDir())
+}
+
+// strayDisks lists the disks, workspace image mounts and loop devices of
+// the run that no listed session owns. A session owns the disk its root
+// overlay's upper layer is on (the overlay is mounted at its root, in
+// this process's mount namespace or in one of the daemon's threads'),
+// and the image and mount of the persistent workspace it holds. While a
+// daemon runs, up to its pool's size of disks no session owns, each with
+// its image and its mount, are the pool's.
+func (c *crashRun) strayDisks(owned func(string) bool, keys map[string]bool, mounts []mountEntry) []stray {
+	if c.d != nil {
+		// crun's mounts are in the daemon's own mount namespace.
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", c.d.cmd.Process.Pid))
+		for _, task := range tasks {
+			more, _ := readMountinfoFile(fmt.Sprintf("/proc/%d/task/%s/mountinfo", c.d.cmd.Process.Pid, task.Name()))
+			mounts = append(mounts, more...)
+		}
+	}
+	disks, wsMnt := c.disksDir(), c.wsMountDir()
+	owner := map[string]string{} // disk name → session id
+	mounted := map[string]bool{} // disk names mounted, anywhere
+	var found []stray
+	for _, mt := range mounts {
+		switch {
+		case mt.fstype == "overlay":
+			for _, o := range strings.Split(mt.superOpts, ",") {
+				if upper, ok := strings.CutPrefix(o, "upperdir="); ok && filepath.Dir(filepath.Dir(upper)) == disks {
+					if id, ours := c.mountOwner(mt.point); ours && id != "" {
+						owner[filepath.Base(filepath.Dir(upper))] = id
+					}
+				}
+			}
+		case filepath.Dir(mt.point) == disks:
+			mounted[filepath.Base(mt.point)] = true
+		case filepath.Dir(mt.point) == wsMnt:
+			if key := filepath.Base(mt.point); !keys[key] {
+				found = append(found, stray{kind: "mounts", what: fmt.Sprintf("%s (%s), the image of persistent workspace %q, which no listed session holds", c.rel(mt.point), mt.fstype, key)})
+			}
+		}
+	}
+	names := map[string]bool{}
+	for _, n := range readDirNames(disks) {
+		names[strings.TrimSuffix(n, ".img")] = true
+	}
+	for n := range mounted {
+		names[n] = true
+	}
+	pool := 0
+	if c.d != nil {
+		pool = container.DefaultDiskPool
+	}
+	spare := 0
+	strayDisk := map[string]bool{}
+	for _, name := range slices.Sorted(maps.Keys(names)) {
+		id := owner[name]
+		if id != "" && owned(id) {
+			continue
+		}
+		img := filepath.Join(disks, name+".img")
+		_, err := os.Stat(img)
+		if id == "" && err == nil && mounted[name] && spare < pool {
+			spare++ // the pool's
+			continue
+		}
+		strayDisk[name] = true
+		var what []string
+		if err == nil {
+			what = append(what, "image "+c.rel(img))
+		}
+		if _, err := os.Lstat(filepath.Join(disks, name)); err == nil {
+			what = append(what, "mount point "+c.rel(filepath.Join(disks, name)))
+		}
+		if mounted[name] {
+			what = append(what, "mounted")
+		}
+		found = append(found, stray{id: id, kind: "disks", what: fmt.Sprintf("disk %s (%s)", name, strings.Join(what, ", "))})
+	}
+	for _, key := range readDirNames(wsMnt) {
+		if !keys[key] {
+			found = append(found, stray{kind: "directories", what: c.rel(filepath.Join(wsMnt, key)) + ", the mount point of a workspace image no listed session holds"})
+		}
+	}
+	for _, n := range readDirNames(filepath.Dir(wsMnt)) {
+		if strings.HasSuffix(n, ".img.new") {
+			found = append(found, stray{kind: "disks", what: c.rel(filepath.Join(filepath.Dir(wsMnt), n)) + ", a workspace image half made"})
+		}
+	}
+	loops, err := loopsOn(c.state)
+	if err != nil {
+		found = append(found, stray{kind: "loop devices", what: "cannot list the loop devices: " + err.Error()})
+	}
+	for _, dev := range slices.Sorted(maps.Keys(loops)) {
+		file := loops[dev]
+		name, isDisk := strings.CutSuffix(strings.TrimPrefix(file, disks+"/"), ".img")
+		key, isWS := strings.CutSuffix(strings.TrimPrefix(file, filepath.Dir(wsMnt)+"/"), ".img")
+		switch {
+		case strings.HasSuffix(file, " (deleted)"):
+		case isDisk && !strings.Contains(name, "/") && !strayDisk[name] && names[name]:
+			continue // a session's, or the pool's
+		case isWS && !strings.Contains(key, "/") && keys[key]:
+			continue
+		}
+		found = append(found, stray{id: owner[name], kind: "loop devices", what: fmt.Sprintf("/dev/%s on %s", dev, c.rel(file))})
+	}
+	return found
+}
+
+// loopsOn lists the loop devices whose backing file is under dir, as
+// device name → backing file (" (deleted)" when it was removed).
+func loopsOn(dir string) (map[string]string, error) {
+	entries, err := os.ReadDir("/sys/block")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join("/sys/block", e.Name(), "loop", "backing_file"))
+		if f := strings.TrimSpace(string(b)); err == nil && strings.HasPrefix(f, dir+"/") {
+			out[e.Name()] = f
+		}
+	}
+	return out, nil
+}
+
 // stray is one thing on the machine that no listed session owns.
 type stray struct {
 	id   string // the session it is named by; "" for none
-	kind string // processes, directories, cgroups, mounts
+	kind string // processes, directories, cgroups, mounts, disks, loop devices
 	what string
 }
 
@@ -152,7 +305,7 @@ func (c *crashRun) reportStrays(found []stray) {
 	}
 	for _, id := range slices.Sorted(maps.Keys(byID)) {
 		var parts []string
-		for _, kind := range []string{"processes", "directories", "mounts", "cgroups"} {
+		for _, kind := range []string{"processes", "directories", "mounts", "disks", "loop devices", "cgroups"} {
 			items := byID[id][kind]
 			if len(items) == 0 {
 				continue
@@ -309,8 +462,11 @@ type mountEntry struct {
 	root, point, fstype, superOpts string
 }
 
-func readMountinfo() ([]mountEntry, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+func readMountinfo() ([]mountEntry, error) { return readMountinfoFile("/proc/self/mountinfo") }
+
+// readMountinfoFile reads a mountinfo file: a process's or a thread's.
+func readMountinfoFile(name string) ([]mountEntry, error) {
+	f, err := os.Open(name)
 	if err != nil {
 		return nil, fmt.Errorf("reading the mount table: %w", err)
 	}
@@ -582,6 +738,18 @@ func (c *crashRun) removeLeftovers() []string {
 	for _, p := range points {
 		if err := unix.Unmount(p, unix.MNT_DETACH); err == nil {
 			done = append(done, "unmounted "+p)
+		}
+	}
+	// The disks' loop devices detach themselves once unmounted; one that
+	// something else still holds is marked to.
+	if loops, err := loopsOn(c.state); err == nil {
+		for dev, file := range loops {
+			if fd, err := unix.Open("/dev/"+dev, unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+				if unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0) == nil {
+					done = append(done, "detached /dev/"+dev+" from "+file)
+				}
+				unix.Close(fd)
+			}
 		}
 	}
 	for _, id := range readDirNames(rootsDir) {

@@ -791,28 +791,94 @@ func (c *crashRun) checkWorkspaceFilesOnDisk() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, k := range m.keys {
-		for _, path := range crashPaths {
-			f := k.ws.files[path]
-			data, err := os.ReadFile(filepath.Join(c.workspaceDir(k.name), path))
-			switch {
-			case errors.Is(err, os.ErrNotExist):
-				if _, ok := f.absent(); !ok {
-					c.errorf("persistent workspace %q: file %s is gone after the daemon stopped; it held %s", k.name, path, f.want())
-				}
-			case err != nil:
-				c.errorf("persistent workspace %q: %v", k.name, err)
-			default:
-				if _, ok := f.match(data); !ok {
-					c.errorf("persistent workspace %q: file %s after the daemon stopped is %d bytes %s, none of %s", k.name, path, len(data), headerOf(data), f.want())
+		err := c.withWorkspace(k.name, func(dir string) {
+			for _, path := range crashPaths {
+				f := k.ws.files[path]
+				data, err := os.ReadFile(filepath.Join(dir, path))
+				switch {
+				case errors.Is(err, os.ErrNotExist):
+					if _, ok := f.absent(); !ok {
+						c.errorf("persistent workspace %q: file %s is gone after the daemon stopped; it held %s", k.name, path, f.want())
+					}
+				case err != nil:
+					c.errorf("persistent workspace %q: %v", k.name, err)
+				default:
+					if _, ok := f.match(data); !ok {
+						c.errorf("persistent workspace %q: file %s after the daemon stopped is %d bytes %s, none of %s", k.name, path, len(data), headerOf(data), f.want())
+					}
 				}
 			}
+		})
+		if err != nil {
+			c.errorf("persistent workspace %q: %v", k.name, err)
 		}
 	}
 }
 
-// workspaceDir is where the provider keeps persistent workspace key.
-func (c *crashRun) workspaceDir(key string) string {
-	return filepath.Join(c.state, c.provider, "workspaces", key)
+// withWorkspace runs fn on the directory of persistent workspace key, at
+// a moment when no create can begin on it: the container provider's image
+// of it (workspaces/KEY.img, its workspace the directory ws in it) as the
+// daemon mounted it for the session holding the key (through the mount
+// namespace it is in), or, held by none, mounted read-only here for fn's
+// time, unmounted and off its loop device before withWorkspace returns;
+// else the key's plain directory.
+func (c *crashRun) withWorkspace(key string, fn func(dir string)) error {
+	root := filepath.Join(c.state, c.provider, "workspaces")
+	img := filepath.Join(root, key+".img")
+	if _, err := os.Stat(img); err != nil {
+		fn(filepath.Join(root, key))
+		return nil
+	}
+	held := filepath.Join(root, "+mnt", key)
+	if view, ok := c.mountedAt(held); ok {
+		fn(view + filepath.Join(held, "ws"))
+		return nil
+	}
+	mnt, err := os.MkdirTemp("", "tai42-crash-ws-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(mnt)
+	// noload: no journal replay, nothing written to the image.
+	if out, err := exec.Command("mount", "-t", "ext4", "-o", "ro,loop,noload", img, mnt).CombinedOutput(); err != nil {
+		return fmt.Errorf("mounting its image %s: %v: %s", img, err, out)
+	}
+	fn(filepath.Join(mnt, "ws"))
+	if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+		return fmt.Errorf("unmounting its image %s: %v: %s", img, err, out)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		loops, err := loopsOn(root)
+		if err != nil || !slices.Contains(slices.Collect(maps.Values(loops)), img) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("its image %s is still on a loop device 5s after its unmount", img)
+		}
+	}
+}
+
+// mountedAt says whether something is mounted at mount point mp, in this
+// process's mount namespace (view "") or in one of the daemon's threads'
+// (view /proc/PID/task/TID/root, from where a path resolves in that
+// namespace).
+func (c *crashRun) mountedAt(mp string) (view string, ok bool) {
+	views := []string{""}
+	files := []string{"/proc/self/mountinfo"}
+	if c.d != nil {
+		pid := c.d.cmd.Process.Pid
+		for _, tid := range readDirNames(fmt.Sprintf("/proc/%d/task", pid)) {
+			views = append(views, fmt.Sprintf("/proc/%d/task/%s/root", pid, tid))
+			files = append(files, fmt.Sprintf("/proc/%d/task/%s/mountinfo", pid, tid))
+		}
+	}
+	for i, f := range files {
+		mounts, _ := readMountinfoFile(f)
+		if slices.ContainsFunc(mounts, func(m mountEntry) bool { return m.point == mp }) {
+			return views[i], true
+		}
+	}
+	return "", false
 }
 
 // checkWorkspaceDirs looks for files in the persistent workspaces that no
@@ -826,30 +892,46 @@ func (c *crashRun) checkWorkspaceDirs() {
 		}
 	}
 	root := filepath.Join(c.state, c.provider, "workspaces")
-	for _, key := range readDirNames(root) {
-		dir := filepath.Join(root, key)
-		_ = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-			if err != nil || path == dir {
-				return nil
-			}
-			rel, _ := filepath.Rel(dir, path)
-			if d.IsDir() {
-				rel += "/"
-			}
-			if !want[rel] {
-				detail := ""
-				if fi, err := d.Info(); err == nil {
-					detail = fmt.Sprintf(", %d bytes, modified %s", fi.Size(), fmtTime(fi.ModTime()))
-					if kill := c.m.lastKill(); !kill.IsZero() {
-						detail += " (the last kill: " + fmtTime(kill) + ")"
-					}
-				}
-				c.leftover("workspace "+key+"/"+rel, fmt.Sprintf("%s in persistent workspace %q%s, which no put of the client's wrote (a put's temporary file?); %s",
-					rel, key, detail, c.m.keyHistory(key)))
-			}
-			return nil
-		})
+	keys := map[string]bool{}
+	for _, name := range readDirNames(root) {
+		// A key's image or its plain directory; the image mounts'
+		// directory is strayDisks's.
+		if key := strings.TrimSuffix(name, ".img"); name != "+mnt" && !strings.HasSuffix(name, ".img.new") {
+			keys[key] = true
+		}
 	}
+	for _, key := range slices.Sorted(maps.Keys(keys)) {
+		err := c.withWorkspace(key, func(dir string) { c.checkWorkspaceDir(key, dir, want) })
+		if err != nil {
+			c.errorf("persistent workspace %q: %v", key, err)
+		}
+	}
+}
+
+// checkWorkspaceDir reports what is in dir, persistent workspace key's,
+// that want does not name.
+func (c *crashRun) checkWorkspaceDir(key, dir string, want map[string]bool) {
+	_ = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || path == dir {
+			return nil
+		}
+		rel, _ := filepath.Rel(dir, path)
+		if d.IsDir() {
+			rel += "/"
+		}
+		if !want[rel] {
+			detail := ""
+			if fi, err := d.Info(); err == nil {
+				detail = fmt.Sprintf(", %d bytes, modified %s", fi.Size(), fmtTime(fi.ModTime()))
+				if kill := c.m.lastKill(); !kill.IsZero() {
+					detail += " (the last kill: " + fmtTime(kill) + ")"
+				}
+			}
+			c.leftover("workspace "+key+"/"+rel, fmt.Sprintf("%s in persistent workspace %q%s, which no put of the client's wrote (a put's temporary file?); %s",
+				rel, key, detail, c.m.keyHistory(key)))
+		}
+		return nil
+	})
 }
 
 // leftover reports something left on the machine, once per run (it stays

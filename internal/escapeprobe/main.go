@@ -74,6 +74,12 @@
 //	                 reaches the kernel (EINVAL), err ENOSYS when a filter
 //	                 answers for it
 //	personality VAL  personality(2) to VAL (decimal or 0x hex), then back
+//	fsadmin PATH     on the filesystem of PATH: ioctl FITRIM of an empty
+//	                 range, ioctl EXT4_IOC_RESIZE_FS to its statfs block
+//	                 count (never more than it has: a shrink, which ext4
+//	                 refuses), quotactl(Q_SYNC) of every filesystem and
+//	                 quotactl_fd(Q_GETINFO) of PATH's (detail: each one's
+//	                 errno; ok when any succeeded)
 package main
 
 import (
@@ -147,6 +153,7 @@ func init() {
 		"threads":       {"", threads},
 		"clone3":        {"", clone3},
 		"personality":   {"VALUE", personality},
+		"fsadmin":       {"PATH", fsAdmin},
 	}
 }
 
@@ -804,4 +811,50 @@ func personality(arg string) result {
 		unix.Syscall(unix.SYS_PERSONALITY, old, 0, 0)
 	}
 	return single(errnoErr(errno), fmt.Sprintf("personality 0x%x (was 0x%x)", v, old))
+}
+
+// The filesystem administration calls fsadmin tries, from the kernel's
+// headers: FITRIM is _IOWR('X', 121, struct fstrim_range),
+// EXT4_IOC_RESIZE_FS _IOW('f', 16, __u64); a quotactl command is
+// QCMD(cmd, type) = cmd<<8 | type, Q_SYNC 0x800001 and Q_GETINFO 0x800005,
+// USRQUOTA 0.
+const (
+	ioctlFITRIM      = 0xc0185879
+	ioctlExt4Resize  = 0x40086610
+	quotaSyncUser    = 0x800001 << 8
+	quotaGetInfoUser = 0x800005 << 8
+)
+
+// fsAdmin tries what only a filesystem's administrator may do on PATH's
+// filesystem, each so that it changes nothing even where it is allowed: a
+// trim of a range shorter than a block (EINVAL once permitted), a resize
+// to fewer blocks than the filesystem has (ext4 cannot shrink online:
+// EINVAL once permitted), a quota sync and a quota info read.
+func fsAdmin(path string) result {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return single(err, "opening "+path)
+	}
+	defer unix.Close(fd)
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(fd, &st); err != nil {
+		return single(err, "statfs of "+path)
+	}
+	var a attempts
+	ioctl := func(req uintptr, arg unsafe.Pointer) error {
+		_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), req, uintptr(arg))
+		return errnoErr(errno)
+	}
+	// struct fstrim_range { __u64 start, len, minlen; }: len 0 is below a
+	// block.
+	trim := [3]uint64{0, 0, 0}
+	a.add("fitrim", ioctl(ioctlFITRIM, unsafe.Pointer(&trim)))
+	blocks := st.Blocks
+	a.add("ext4-resize", ioctl(ioctlExt4Resize, unsafe.Pointer(&blocks)))
+	_, _, errno := unix.Syscall6(unix.SYS_QUOTACTL, quotaSyncUser, 0, 0, 0, 0, 0)
+	a.add("quotactl-sync", errnoErr(errno))
+	var info [6]uint64 // struct if_dqinfo, and room to spare
+	_, _, errno = unix.Syscall6(unix.SYS_QUOTACTL_FD, uintptr(fd), quotaGetInfoUser, 0, uintptr(unsafe.Pointer(&info)), 0, 0)
+	a.add("quotactl_fd-info", errnoErr(errno))
+	return a.result()
 }

@@ -17,7 +17,14 @@
 //     imported into the local store (`tai42 image import`); a name the
 //     store lacks is rejected.
 //   - the workspace bind-mounted at /workspace (workspace_path says so), a
-//     private /tmp (memory-backed: it counts against memory_mb).
+//     private /tmp.
+//   - a disk cap (Options.DiskMB): the session's root upper layer, its
+//     /tmp and its ephemeral workspace are on one ext4 filesystem of its
+//     own, of that size, in a sparse image on a loop device; a write past
+//     it fails with ENOSPC, and df shows the cap. A persistent workspace
+//     is an image of its own, of the same size, kept with its key. With
+//     the cap off (Options.DiskOff) they are directories of the state
+//     directory and /tmp is a tmpfs, counted against memory_mb.
 //   - new pid, ipc, uts, mount, cgroup and network namespaces. Network
 //     "none" is loopback only; "internal" a bridge shared by this host's
 //     internal sessions with no route out; "egress" adds NAT out through
@@ -205,6 +212,48 @@ type Options struct {
 	UserNamespace UserNamespaceMode
 	// Logger receives lifecycle events; never env values.
 	Logger *slog.Logger
+	// DiskMB caps what a session may write, in MiB: its root's upper
+	// layer, its /tmp and (ephemeral sessions) its workspace share one
+	// ext4 filesystem of that size, in a sparse image file on a loop
+	// device (<StateDir>/container/disks/NAME.img), removed at destroy. A
+	// write past it fails with ENOSPC ("No space left on device") in the
+	// session, and `df` there shows the cap. A persistent workspace is an
+	// image of its own of the same size (<StateDir>/container/workspaces/
+	// KEY.img, with a journal, mounted with discard so that what a
+	// session deletes frees the host's disk), made at the key's first
+	// create and kept with the key: a later change of DiskMB leaves it at
+	// its size. A key whose workspace is still a plain directory of an
+	// earlier version is moved into a new image at its next create.
+	// 0 means [DefaultDiskMB] (10 GiB); a negative value is an error of
+	// New. Turning the cap off is DiskOff's, never a silent default.
+	DiskMB int
+	// DiskInodes is the inode count of each session's disk: the files a
+	// session may have. 0 means one per 16 KiB of DiskMB (655,360 for
+	// 10 GiB); a negative value is an error of New.
+	DiskInodes int
+	// DiskPool is how many empty ephemeral disks the provider keeps made
+	// ahead and mounted, so that a create takes one (a create that finds
+	// none makes its own: mkfs, attach and mount, about 5 ms on an idle
+	// machine). The pool is refilled in the background, at the lowest CPU
+	// and I/O priority, once no create has run for 20 ms. 0 means
+	// [DefaultDiskPool]; negative means none.
+	DiskPool int
+	// DiskReserveMB is the free space, in MiB, the state directory's
+	// filesystem must keep: a create finding less is refused with a
+	// *sandbox.SandboxError naming the free space and the reserve (the
+	// sessions' disks are sparse: many together can still fill it). 0
+	// means [DefaultDiskReserveMB]; negative means no check.
+	DiskReserveMB int
+	// DiskOff turns the disk cap off: a session's writes then go to the
+	// state directory's filesystem, limited by nothing but its size; its
+	// /tmp is a tmpfs, counted in memory_mb; new persistent workspaces are
+	// plain directories (those that already have an image keep it).
+	//
+	// With the cap on, New checks that it can work (mkfs.ext4 of
+	// e2fsprogs in PATH, /dev/loop-control, an ext4 mount of a loop
+	// device) and fails otherwise, saying why and that DiskOff turns it
+	// off.
+	DiskOff bool
 	// Ledger is the kit's session ledger (see [kit.Options.Ledger]): nil
 	// means one in memory, and the provider then removes every session an
 	// earlier run left; a durable one lets New bring back the sessions it
@@ -251,8 +300,12 @@ type provider struct {
 	perDir   string    // persistent workspaces, one per key
 	locks    *sessionlock.Dir
 	cgroups  cgroupLayout
-	userns   *os.File // the sessions' user namespace; nil: none
-	egress   *egress  // the egress sessions' resolver; nil: none; set under fenceMu
+	userns   *os.File  // the sessions' user namespace; nil: none
+	egress   *egress   // the egress sessions' resolver; nil: none; set under fenceMu
+	diskOn   bool      // sessions get a disk of their own (the cap is on)
+	disk     diskCfg   // their geometry
+	diskDir  string    // their images and mount points
+	pool     *diskPool // ephemeral disks made ahead; nil: none
 	closeOne sync.Once
 
 	fenceMu  sync.Mutex
@@ -293,6 +346,21 @@ func newProvider(opts Options) (_ *provider, err error) {
 			return nil, fmt.Errorf("container: egress domain allowlist: %w", err)
 		}
 	}
+	if opts.DiskMB < 0 || opts.DiskInodes < 0 {
+		return nil, fmt.Errorf("container: the disk cap: DiskMB %d and DiskInodes %d must not be negative (0 means the default; DiskOff turns the cap off)", opts.DiskMB, opts.DiskInodes)
+	}
+	if opts.DiskMB == 0 {
+		opts.DiskMB = DefaultDiskMB
+	}
+	if opts.DiskInodes == 0 {
+		opts.DiskInodes = int(int64(opts.DiskMB) << 20 / diskBytesPerInode)
+	}
+	if opts.DiskPool == 0 {
+		opts.DiskPool = DefaultDiskPool
+	}
+	if opts.DiskReserveMB == 0 {
+		opts.DiskReserveMB = DefaultDiskReserveMB
+	}
 	state, err := filepath.Abs(opts.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("container: state directory: %w", err)
@@ -306,11 +374,14 @@ func newProvider(opts Options) (_ *provider, err error) {
 		perDir:  filepath.Join(root, "workspaces"),
 		opFences: operatorFences{allow: slices.Clone(opts.EgressAllow), deny: slices.Clone(opts.EgressDeny),
 			domains: slices.Clone(opts.EgressAllowDomains)},
+		diskDir: filepath.Join(root, "disks"),
+		diskOn:  !opts.DiskOff,
+		disk:    diskCfg{mb: opts.DiskMB, inodes: opts.DiskInodes},
 	}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
-	for _, d := range []string{p.sessDir, p.perDir} {
+	for _, d := range []string{p.sessDir, p.perDir, p.diskDir, filepath.Join(p.perDir, wsMountDir)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("container: state directory: %w", err)
 		}
@@ -344,6 +415,11 @@ func newProvider(opts Options) (_ *provider, err error) {
 	}
 	if err := p.setupUserNS(opts.UserNamespace); err != nil {
 		return nil, fmt.Errorf("container: %w", err)
+	}
+	if p.diskOn {
+		if err := p.checkDisks(); err != nil {
+			return nil, fmt.Errorf("container: %w", err)
+		}
 	}
 	// The provider's own network manager is made by Recover, which knows
 	// the networks to keep; a shared one is used as it is.
@@ -384,6 +460,9 @@ func (p *provider) Close() error {
 	var errs []error
 	p.closeOne.Do(func() {
 		errs = append(errs, p.closeEgress())
+		if p.pool != nil {
+			p.pool.close()
+		}
 		if p.net != nil && p.ownNet {
 			errs = append(errs, p.net.Close())
 		}
@@ -402,9 +481,13 @@ func (p *provider) Close() error {
 // the OCI runtime's mount namespace (crun's, on a host with hybrid cgroups:
 // its thread ends, and with it the mounts made there), the user namespace
 // handle, the network manager's sockets and made-ahead namespaces (its
-// networks stay), and the sessions' locks.
+// networks stay), the disk pool's refill (its disks stay), and the
+// sessions' locks.
 func (p *provider) Abandon() {
 	p.closeOne.Do(func() {
+		if p.pool != nil {
+			p.pool.abandon()
+		}
 		if p.rt != nil {
 			p.rt.close()
 		}
@@ -450,6 +533,11 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 	if !p.ready.Load() {
 		return nil, errors.New("container: the provider has not recovered its state directory yet (the kit calls Recover before any create)")
 	}
+	if p.pool != nil {
+		// The pool's refill waits for the creates (its rollback included).
+		p.pool.begin()
+		defer p.pool.end()
+	}
 	r := &resources{
 		p: p, id: req.ID, spec: req.Spec,
 		dir:    filepath.Join(p.sessDir, req.ID),
@@ -474,14 +562,22 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 	// Root in the session owns its workspace and its root's upper layer:
 	// host uid UserNamespaceBase when remapped, host root otherwise.
 	owner := p.rootUID()
-	if req.Spec.Durability == sandbox.Persistent {
-		r.ws = filepath.Join(p.perDir, req.Spec.WorkspaceKey)
-		if err := os.MkdirAll(r.ws, 0o700); err != nil {
+	upper, work := filepath.Join(r.dir, diskUpper), filepath.Join(r.dir, diskWork)
+	if p.diskOn {
+		if err := p.checkReserve(); err != nil {
 			return nil, err
 		}
-		if err := shiftOwners(r.ws, p.userns != nil); err != nil {
-			return nil, fmt.Errorf("the persistent workspace %q, made with the other user namespace mode: %w", req.Spec.WorkspaceKey, err)
+		if r.disk, err = p.sessionDisk(ctx); err != nil {
+			return nil, fmt.Errorf("the session's disk (cap %d MiB, %d inodes; container.Options.DiskMB, DiskInodes): %w", p.disk.mb, p.disk.inodes, err)
 		}
+		upper, work = r.disk.path(diskUpper), r.disk.path(diskWork)
+	}
+	if req.Spec.Durability == sandbox.Persistent {
+		if r.ws, err = p.openWorkspace(ctx, r, req.Spec.WorkspaceKey); err != nil {
+			return nil, err
+		}
+	} else if r.disk != nil {
+		r.ws = r.disk.path(diskWorkspace)
 	} else {
 		r.ws = filepath.Join(r.dir, "workspace")
 		if err := os.Mkdir(r.ws, 0o700); err != nil {
@@ -507,18 +603,20 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 		lower, env = img.Rootfs, img.Env
 	}
 	r.env = baseEnv(env)
-	for _, d := range []string{"upper", "work"} {
-		// The upper layer's top is the session's "/": 0755, as a root
-		// is (the bundle directory above it is 0700).
-		mode := os.FileMode(0o755)
-		if d == "work" {
-			mode = 0o700
-		}
-		if err := os.Mkdir(filepath.Join(r.dir, d), mode); err != nil {
-			return nil, err
-		}
-		if err := os.Chown(filepath.Join(r.dir, d), owner, owner); err != nil {
-			return nil, err
+	if r.disk == nil {
+		for _, d := range []string{upper, work} {
+			// The upper layer's top is the session's "/": 0755, as a
+			// root is (the bundle directory above it is 0700).
+			mode := os.FileMode(0o755)
+			if d == work {
+				mode = 0o700
+			}
+			if err := os.Mkdir(d, mode); err != nil {
+				return nil, err
+			}
+			if err := os.Chown(d, owner, owner); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if p.userns != nil {
@@ -547,10 +645,8 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 	if err := os.Mkdir(r.rootfs, 0o700); err != nil {
 		return nil, err
 	}
-	if err := p.rt.do(func() error {
-		return mountOverlay(lower, filepath.Join(r.dir, "upper"), filepath.Join(r.dir, "work"), r.rootfs)
-	}); err != nil {
-		return nil, fmt.Errorf("the session's root overlay: %w", err)
+	if err := p.rt.do(func() error { return mountOverlay(lower, upper, work, r.rootfs) }); err != nil {
+		return nil, p.diskFull(r, fmt.Errorf("the session's root overlay: %w", err))
 	}
 	r.mounted = true
 
@@ -606,6 +702,7 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 	}
 	spec := buildSpec(specInput{
 		remap:       p.userns != nil,
+		tmpfs:       r.disk == nil,
 		sysfs:       sysfs,
 		rootfs:      r.rootfs,
 		workspace:   r.ws,
@@ -629,7 +726,7 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 	defer log.Close()
 	r.started = true
 	if err := p.rt.run(ctx, req.ID, r.dir, log, lnFile, p.userns != nil); err != nil {
-		return nil, err
+		return nil, p.diskFull(r, err)
 	}
 	r.initFD = pidfdOf(filepath.Join(r.dir, initPidFile))
 	r.agent = &agent.Client{Dial: r.dial}
@@ -637,7 +734,7 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 	defer cancel()
 	if err := r.agent.Ping(pctx); err != nil {
 		msg := tail(log.Name(), 2048)
-		return nil, fmt.Errorf("the session's agent did not answer: %w%s", err, ifNotEmpty("; its log: ", msg))
+		return nil, p.diskFull(r, fmt.Errorf("the session's agent did not answer: %w%s", err, ifNotEmpty("; its log: ", msg)))
 	}
 	return r, nil
 }
@@ -658,6 +755,23 @@ func pidfdOf(name string) int {
 		return -1
 	}
 	return fd
+}
+
+// diskFull is err of a create, saying so when the session's disk filled up
+// (blocks or inodes) before the session could start: its cap is below what
+// a session needs to begin.
+func (p *provider) diskFull(r *resources, err error) error {
+	if r.disk == nil {
+		return err
+	}
+	var st unix.Statfs_t
+	if p.rt.do(func() error { return unix.Statfs(r.disk.mnt, &st) }) != nil {
+		return err
+	}
+	if st.Bavail > 0 && st.Ffree > 0 {
+		return err
+	}
+	return fmt.Errorf("the session's disk cap (%d MiB, %d inodes; container.Options.DiskMB, DiskInodes) is full before the session could start: raise it: %w", p.disk.mb, p.disk.inodes, err)
 }
 
 // rootUID is the host uid (and gid) of root in a session.

@@ -14,13 +14,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/containersuite"
+	"github.com/tai42/sandbox/internal/escapeprobe/build"
+	"github.com/tai42/sandbox/provider/container"
 )
 
 // TestEscapeReadHostFiles: neither a process in the session nor GetFile
@@ -143,7 +148,7 @@ func TestEscapeWriteHost(t *testing.T) {
 				t.Errorf("write %s succeeded, but the session reads back %+v", tg.path, got)
 			}
 			if tg.upper {
-				if _, err := os.Lstat(filepath.Join(p.upper(sess.ID()), tg.path)); err != nil {
+				if _, err := os.Lstat(filepath.Join(p.upper(t, sess.ID()), tg.path)); err != nil {
 					t.Errorf("write %s succeeded but did not land in the session's upper layer: %v", tg.path, err)
 				}
 			}
@@ -177,10 +182,11 @@ func TestEscapeWriteHost(t *testing.T) {
 		}
 		c.intact(t, "the session's writes")
 		// Nor did anything land in what sessions share: the host image's
-		// skeleton, the image store (anywhere but this session's upper
-		// layer and the mount point of its root).
+		// skeleton, the image store, the disks (anywhere but this
+		// session's upper layer and the mount point of its root), as the
+		// runtime sees them, the sessions' disks mounted.
 		for _, dir := range []string{p.root(), p.opts.Images} {
-			for _, f := range findNamed(t, dir, name, p.upper(sess.ID())) {
+			for _, f := range findNamed(t, p.view(dir), name, p.upper(t, sess.ID())) {
 				t.Errorf("the session's write landed outside its own root, in %s", f)
 			}
 		}
@@ -369,6 +375,107 @@ func TestEscapeSyscalls(t *testing.T) {
 	})
 }
 
+// TestEscapeDisk: a session cannot reach the machinery of its disk cap.
+// No loop device node is in its /dev (nor can it make one: the mknod probe
+// of TestEscapeSyscalls makes a block device 7:0, a loop device's, and is
+// refused; so are its mounts). The filesystem administration calls
+// (FITRIM, EXT4_IOC_RESIZE_FS, quotactl, quotactl_fd) are refused on /,
+// /tmp and /workspace, where the host gets past the permission checks of
+// the same ioctls on the same filesystems (the control: EINVAL, for the
+// probe asks for an empty trim and a shrink, which change nothing). The
+// image files of its disk and of its persistent workspace are neither
+// seen nor read, by a process or by GetFile. That a write past the cap
+// fails with ENOSPC in /, /tmp and /workspace is TestDiskCapEphemeral's
+// and TestDiskPersistent's.
+func TestEscapeDisk(t *testing.T) {
+	forEachRuntimeMode(t, func(t *testing.T, p *testProvider) {
+		sp := spec(containersuite.Busybox, sandbox.NetworkNone)
+		sp.Durability, sp.WorkspaceKey = sandbox.Persistent, "esc-"+randomToken(6)
+		sess := p.session(t, sp)
+		installProbe(t, sess)
+		upper, ws, err := container.SessionDirs(p.sb, sess.ID())
+		if err != nil {
+			t.Fatal(err)
+		}
+		images := []string{filepath.Dir(upper) + ".img", filepath.Join(p.root(), "workspaces", sp.WorkspaceKey+".img")}
+		for _, img := range images {
+			if _, err := os.Stat(img); err != nil {
+				t.Fatalf("control: the session's image %s on the host: %v", img, err)
+			}
+			for _, op := range []string{"stat", "read"} {
+				if r := probe(t, sess, op, img); r.OK {
+					t.Errorf("the session can %s its disk's image %s: %.200q", op, img, r.Detail)
+				}
+			}
+			if b, err := sess.GetFile(ctxFor(t), img); err == nil {
+				t.Errorf("GetFile(%q) read the session's disk image (%d bytes)", img, len(b))
+			}
+		}
+
+		if r := probe(t, sess, "stat", "/dev/null"); !r.OK {
+			t.Fatalf("control: stat /dev/null in the session: %+v", r)
+		}
+		for _, dev := range []string{"/dev/loop-control", "/dev/loop0"} {
+			if r := probe(t, sess, "stat", dev); r.OK {
+				t.Errorf("the session has the loop device node %s: %+v", dev, r)
+			}
+		}
+		if out := mustSh(t, sess, `ls -A /dev /dev/* 2>/dev/null | grep -i loop; true`); out != "" {
+			t.Errorf("loop device nodes in the session's /dev: %q", out)
+		}
+		if r := probe(t, sess, "read", "/proc/partitions"); r.OK && strings.Contains(r.Detail, "loop") {
+			t.Logf("the session's /proc/partitions names the loop devices (names only: no node to open): %q", r.Detail)
+		}
+
+		// Control: the host, root of the machine, gets past the
+		// permission checks on the session's own filesystems: FITRIM's
+		// CAP_SYS_ADMIN, and EXT4_IOC_RESIZE_FS's CAP_SYS_RESOURCE where
+		// this process has it (a container running the tests may not).
+		controls := []string{"fitrim"}
+		if hasCap(t, unix.CAP_SYS_RESOURCE) {
+			controls = append(controls, "ext4-resize")
+		} else {
+			t.Log("this process lacks CAP_SYS_RESOURCE: no control of EXT4_IOC_RESIZE_FS on the host")
+		}
+		probeBin := build.Build(t)
+		for _, dir := range []string{p.view(filepath.Dir(upper)), p.view(ws)} {
+			out, err := exec.Command(probeBin, "fsadmin", dir).Output()
+			if err != nil {
+				t.Fatalf("control: escapeprobe fsadmin %s on the host: %v", dir, err)
+			}
+			var r probeResult
+			if err := jsonLine(string(out), &r); err != nil {
+				t.Fatal(err)
+			}
+			for _, call := range controls {
+				if v := r.items()[call]; v == "EPERM" || v == "ENOTTY" || v == "" {
+					t.Errorf("control: %s on the host on %s: %q (%+v); want it past the permission check", call, dir, v, r)
+				}
+			}
+		}
+		for _, path := range []string{"/", "/tmp", "/workspace"} {
+			r := probe(t, sess, "fsadmin", path)
+			if r.OK {
+				t.Errorf("fsadmin %s in the session: a call succeeded: %+v", path, r)
+			}
+			items := r.items()
+			for _, call := range []string{"fitrim", "ext4-resize", "quotactl-sync", "quotactl_fd-info"} {
+				switch v := items[call]; {
+				case v == "OK":
+					t.Errorf("%s on %s in the session succeeded: %+v", call, path, r)
+				case v == "":
+					t.Errorf("%s on %s in the session: not tried: %+v", call, path, r)
+				case path == "/workspace" && (call == "fitrim" || call == "ext4-resize") && v != "EPERM":
+					// The bind of an ext4 directory: the ioctl reaches ext4,
+					// which refuses for want of the capability.
+					t.Errorf("%s on %s in the session: %s, want EPERM (%+v)", call, path, v, r)
+				}
+			}
+			t.Logf("fsadmin %s in the session: %s", path, r.Detail)
+		}
+	})
+}
+
 // TestEscapeSymlinks: a symlink in the workspace that leads out of it is
 // not followed by GetFile or PutFile, whether it points at a host path,
 // at a path of the session's own root, or climbs with "..".
@@ -465,10 +572,15 @@ func TestEscapeWorkspaces(t *testing.T) {
 				if got, err := b.GetFile(ctxFor(t), "secret.txt"); !errors.Is(err, sandbox.ErrFileNotFound) {
 					t.Errorf("GetFile(secret.txt) in the other session: %q, %v; want not found", got, err)
 				}
-				// A's workspace on the host, whichever durability.
-				wsHost := strings.TrimSpace(findHostFile(t, p.opts.StateDir, "secret.txt", secret))
+				// A's workspace on the host, whichever durability: on its
+				// disk, as the runtime sees the state directory.
+				view := p.view("")
+				wsHost := strings.TrimPrefix(findHostFile(t, view+p.opts.StateDir, "secret.txt", secret), view)
 				if wsHost == "" {
 					t.Fatalf("the first session's file is not under the state directory %s", p.opts.StateDir)
+				}
+				if want := strings.TrimPrefix(p.workspace(t, a.ID()), view) + "/secret.txt"; wsHost != want {
+					t.Errorf("the first session's file is at %s, not in its workspace %s", wsHost, want)
 				}
 				for _, path := range []string{"/workspace/secret.txt", wsHost, filepath.Join(p.bundle(a.ID()), "agent.sock")} {
 					if r := probe(t, b, "read", path); r.OK || strings.Contains(r.Detail, secret) {
@@ -516,4 +628,25 @@ func findHostFile(t testing.TB, dir, name, content string) string {
 		t.Fatalf("walking %s: %v", dir, err)
 	}
 	return found
+}
+
+// hasCap reports whether this process has capability c in its effective
+// set.
+func hasCap(t testing.TB, c int) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				t.Fatalf("CapEff in /proc/self/status: %q", v)
+			}
+			return n&(1<<c) != 0
+		}
+	}
+	t.Fatal("no CapEff in /proc/self/status")
+	return false
 }

@@ -1,9 +1,18 @@
 package container
 
 import (
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/kit"
 )
 
@@ -53,4 +62,60 @@ func EgressOf(sb *kit.Sandbox) EgressInfo { return sb.Provider().(*provider).Egr
 // of sb (see provider.SetEgressFences).
 func SetEgressFencesOf(sb *kit.Sandbox, allow, deny []netip.Prefix, domains []string) error {
 	return sb.Provider().(*provider).SetEgressFences(allow, deny, domains)
+}
+
+// RuntimeView is the prefix that shows, from this process, a path as the
+// OCI runtime of sb's provider sees it: "" for runc (this process's mount
+// namespace), /proc/PID/task/TID/root for crun in its own mount namespace
+// (a path walked from there resolves in that namespace, where the
+// sessions' disks and roots are mounted).
+func RuntimeView(sb *kit.Sandbox) string {
+	p := sb.Provider().(*provider)
+	if p.rt.ns == nil {
+		return ""
+	}
+	var tid int
+	_ = p.rt.ns.do(func() error { tid = unix.Gettid(); return nil })
+	return fmt.Sprintf("/proc/%d/task/%d/root", os.Getpid(), tid)
+}
+
+// SessionDirs are session id's directories where the runtime runs (to be
+// read through RuntimeView): its root overlay's upper layer, where writes
+// to its root land, and the directory bound at its /workspace. They are on
+// the session's disk when the cap is on.
+func SessionDirs(sb *kit.Sandbox, id string) (upper, workspace string, err error) {
+	p := sb.Provider().(*provider)
+	b, err := os.ReadFile(filepath.Join(p.sessDir, id, "config.json"))
+	if err != nil {
+		return "", "", err
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return "", "", err
+	}
+	for _, m := range s.Mounts {
+		if m.Destination == workspaceDir {
+			workspace = m.Source
+		}
+	}
+	var mi []byte
+	if err := p.rt.do(func() (err error) { mi, err = os.ReadFile("/proc/thread-self/mountinfo"); return err }); err != nil {
+		return "", "", err
+	}
+	for line := range strings.Lines(string(mi)) {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 3 || g[0] != "overlay" || oscmd.UnescapeMount(f[4]) != s.Root.Path {
+			continue
+		}
+		for _, o := range strings.Split(g[2], ",") {
+			if v, ok := strings.CutPrefix(o, "upperdir="); ok {
+				upper = oscmd.UnescapeMount(v)
+			}
+		}
+	}
+	if upper == "" || workspace == "" {
+		return "", "", fmt.Errorf("session %s: no root overlay mounted at %s where the runtime runs, or no workspace in its config", id, s.Root.Path)
+	}
+	return upper, workspace, nil
 }

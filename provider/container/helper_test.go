@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -170,9 +171,107 @@ func (p *testProvider) sessionsDir() string { return filepath.Join(p.root(), "se
 // bundle is session id's bundle directory on the host.
 func (p *testProvider) bundle(id string) string { return filepath.Join(p.sessionsDir(), id) }
 
-// upper is the upper layer of session id's root overlay on the host: where
-// the session's writes to its root land.
-func (p *testProvider) upper(id string) string { return filepath.Join(p.bundle(id), "upper") }
+// upper is the upper layer of session id's root overlay, where the
+// session's writes to its root land, as this process reads it (through the
+// runtime's mount namespace: see sessionDirs).
+func (p *testProvider) upper(t testing.TB, id string) string {
+	t.Helper()
+	upper, _ := sessionDirs(t, p.sb, id)
+	return upper
+}
+
+// workspace is the directory bound at session id's /workspace, as this
+// process reads it.
+func (p *testProvider) workspace(t testing.TB, id string) string {
+	t.Helper()
+	_, ws := sessionDirs(t, p.sb, id)
+	return ws
+}
+
+// view is path as the provider's OCI runtime sees it, from this process.
+func (p *testProvider) view(path string) string { return container.RuntimeView(p.sb) + path }
+
+// sessionDirs are session id's root upper layer and workspace, readable
+// (and writable) from this process: the provider mounts them, on the
+// session's disk, where its runtime runs (for crun, a mount namespace of
+// its own), so they are reached through that namespace's view.
+func sessionDirs(t testing.TB, sb *kit.Sandbox, id string) (upper, ws string) {
+	t.Helper()
+	upper, ws, err := container.SessionDirs(sb, id)
+	if err != nil {
+		t.Fatalf("the directories of session %s: %v", id, err)
+	}
+	view := container.RuntimeView(sb)
+	return view + upper, view + ws
+}
+
+// withWorkspace runs fn on the directory of persistent workspace key of
+// the provider whose state directory is stateDir, a key no session holds:
+// its image mounted read-only here for fn's time (unmounted, and its loop
+// device detached, before withWorkspace returns, so that the next session
+// attaches the image afresh), or its plain directory when it has none.
+func withWorkspace(t testing.TB, stateDir, key string, fn func(ws string)) {
+	t.Helper()
+	dir := filepath.Join(stateDir, "container", "workspaces")
+	img := filepath.Join(dir, key+".img")
+	if _, err := os.Stat(img); err != nil {
+		fn(filepath.Join(dir, key))
+		return
+	}
+	mnt := t.TempDir()
+	// noload: no journal replay, nothing written to the image.
+	if out, err := exec.Command("mount", "-t", "ext4", "-o", "ro,loop,noload", img, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mounting the workspace image %s: %v: %s", img, err, out)
+	}
+	defer func() {
+		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+			t.Errorf("unmounting the workspace image %s: %v: %s", img, err, out)
+			return
+		}
+		for deadline := time.Now().Add(5 * time.Second); slices.ContainsFunc(loopsUnder(t, dir), func(l string) bool { return strings.HasSuffix(l, "="+img) }); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Errorf("the workspace image %s is still on a loop device 5s after its unmount", img)
+				return
+			}
+		}
+	}()
+	fn(filepath.Join(mnt, "ws"))
+}
+
+// readWorkspaceFile reads file rel of persistent workspace key (see
+// withWorkspace).
+func readWorkspaceFile(t testing.TB, stateDir, key, rel string) (b []byte, err error) {
+	t.Helper()
+	withWorkspace(t, stateDir, key, func(ws string) { b, err = os.ReadFile(filepath.Join(ws, rel)) })
+	return b, err
+}
+
+// poolDisks are the mount points of the disks p's pool made ahead, once
+// it is full: they belong to the open provider, not to any session.
+func poolDisks(t testing.TB, sb *kit.Sandbox) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	pool, err := container.WaitDiskPool(ctx, sb)
+	if err != nil {
+		t.Fatalf("the provider's disk pool: %v", err)
+	}
+	return pool
+}
+
+// notPool is paths without the pool's disks (their mount points, images
+// and loop devices as loopsUnder describes them).
+func notPool(paths, pool []string) []string {
+	var out []string
+	for _, p := range paths {
+		if !slices.ContainsFunc(pool, func(d string) bool {
+			return p == d || p == d+".img" || strings.HasSuffix(p, "="+d+".img")
+		}) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
 
 // runtimeRoot is the OCI runtime's state directory.
 func (p *testProvider) runtimeRoot() string { return filepath.Join(p.root(), p.rt) }

@@ -326,9 +326,15 @@ func leaveRunning(sess sandbox.Session, i int) (func() error, error) {
 
 // checkNoLeaks is the census after the sessions ids are gone. open says
 // whether the provider is still open (its runtime's mount namespace, for
-// crun on a host with hybrid cgroups, then still exists and is checked).
+// crun on a host with hybrid cgroups, then still exists and is checked;
+// and its pool's disks, made ahead for no session yet, are its own: they
+// alone may be left, and only then).
 func checkNoLeaks(t *testing.T, p *testProvider, ids []string, base baseline, open bool) {
 	t.Helper()
+	var pool []string
+	if open {
+		pool = poolDisks(t, p.sb)
+	}
 	// Processes: none running the agent binary, none in a session's cgroup.
 	agentStat, err := os.Stat(containersuite.Agent(t))
 	if err != nil {
@@ -349,7 +355,7 @@ func checkNoLeaks(t *testing.T, p *testProvider, ids []string, base baseline, op
 
 	// Mounts: nothing under the state directory, in the host's mount
 	// namespace nor in the runtime's own.
-	if m := hostMountsUnder(t, p.opts.StateDir); len(m) > 0 {
+	if m := notPool(hostMountsUnder(t, p.opts.StateDir), pool); len(m) > 0 {
 		t.Errorf("mounts left under the state directory: %v", m)
 	}
 	if m := hostMountsNaming(t, ids); len(m) > 0 {
@@ -392,7 +398,7 @@ func checkNoLeaks(t *testing.T, p *testProvider, ids []string, base baseline, op
 			continue
 		}
 		var left []string
-		for _, m := range all {
+		for _, m := range notPool(all, pool) {
 			if m == p.opts.StateDir || strings.HasPrefix(m, p.opts.StateDir+"/") || slices.ContainsFunc(ids, func(id string) bool { return strings.Contains(m, id) }) {
 				left = append(left, m)
 			}
@@ -401,6 +407,22 @@ func checkNoLeaks(t *testing.T, p *testProvider, ids []string, base baseline, op
 			t.Errorf("mounts left in the mount namespace of thread %d: %v", th.tid, left)
 		} else {
 			t.Logf("the runtime's mount namespace (thread %d, %d mounts) holds nothing of the state directory or of the sessions", th.tid, len(all))
+		}
+	}
+
+	// Disks: no loop device on a file of the state directory, no image
+	// or mount point in the disks directory, no workspace image mount
+	// point or half-made image (the pool's alone while open).
+	if l := notPool(loopsUnder(t, p.opts.StateDir), pool); len(l) > 0 {
+		t.Errorf("loop devices left on files of the state directory: %v", l)
+	}
+	for _, glob := range []string{"disks/*", "workspaces/+mnt/*", "workspaces/*.new"} {
+		m, err := filepath.Glob(filepath.Join(p.root(), glob))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if left := notPool(m, pool); len(left) > 0 {
+			t.Errorf("disks left: %v", left)
 		}
 	}
 

@@ -38,7 +38,8 @@ func TestDestroyDuringPersistentPut(t *testing.T) {
 	if _, err := pw.Write([]byte("new content, part one ")); err != nil {
 		t.Fatal(err)
 	}
-	ws := filepath.Join(p.root(), "workspaces", sp.WorkspaceKey)
+	// The workspace while the session holds it: its image, mounted.
+	ws := p.workspace(t, sess.ID())
 	temps := func() []string {
 		entries, _ := os.ReadDir(filepath.Join(ws, "sub"))
 		var out []string
@@ -62,10 +63,17 @@ func TestDestroyDuringPersistentPut(t *testing.T) {
 	if err := <-done; err == nil {
 		t.Error("the put interrupted by the destroy reported success")
 	}
-	if left := temps(); len(left) > 0 {
-		t.Errorf("temporary files left in the persistent workspace: %q", left)
-	}
-	if b, err := os.ReadFile(filepath.Join(ws, "sub", "f.txt")); err != nil || string(b) != "old" {
-		t.Errorf("the file after the interrupted put: %q %v; want the old content", b, err)
-	}
+	// And after its destroy, as the next session would find it.
+	withWorkspace(t, p.opts.StateDir, sp.WorkspaceKey, func(dir string) {
+		ws = dir
+		if left := temps(); len(left) > 0 {
+			t.Errorf("temporary files left in the persistent workspace: %q", left)
+		}
+		if entries, err := os.ReadDir(filepath.Join(ws, "sub")); err != nil || len(entries) == 0 {
+			t.Errorf("the workspace after the destroy: %v %v; want sub/f.txt in it", entries, err)
+		}
+		if b, err := os.ReadFile(filepath.Join(ws, "sub", "f.txt")); err != nil || string(b) != "old" {
+			t.Errorf("the file after the interrupted put: %q %v; want the old content", b, err)
+		}
+	})
 }

@@ -44,6 +44,12 @@ type sessionHandle struct {
 	// Image is the content digest of the session's image; "" for the host
 	// image.
 	Image string `json:"image,omitempty"`
+	// Disk is the name of the session's disk in the disks directory (its
+	// image NAME.img, mounted at NAME); "" when it has none (no cap).
+	Disk string `json:"disk,omitempty"`
+	// WSImage says the session's persistent workspace is its key's image
+	// (mounted under workspaces/+mnt/KEY), not a plain directory.
+	WSImage bool `json:"ws_image,omitempty"`
 }
 
 const handleVersion = 1
@@ -56,11 +62,16 @@ const recoverPing = 5 * time.Second
 const recoverWorkers = 4
 
 // Handle implements [kit.Handler]: a small JSON object naming the
-// session's OCI runtime, whether it runs in a user namespace, and its
-// image's digest, e.g. {"v":1,"runtime":"runc","remap":true}. It holds no
+// session's OCI runtime, whether it runs in a user namespace, its image's
+// digest, its disk and whether its persistent workspace is an image, e.g.
+// {"v":1,"runtime":"runc","remap":true,"disk":"d-0123456789abcdef"}. It holds no
 // env value. Safe for concurrent use.
 func (r *resources) Handle() json.RawMessage {
-	b, err := json.Marshal(sessionHandle{V: handleVersion, Runtime: r.p.rt.name, Remap: r.p.userns != nil, Image: r.imageID})
+	h := sessionHandle{V: handleVersion, Runtime: r.p.rt.name, Remap: r.p.userns != nil, Image: r.imageID, WSImage: r.wsDisk != nil}
+	if r.disk != nil {
+		h.Disk = r.disk.name()
+	}
+	b, err := json.Marshal(h)
 	if err != nil {
 		panic(fmt.Sprintf("container: encoding a session handle: %v", err)) // a struct of strings and a bool always encodes
 	}
@@ -297,6 +308,17 @@ func (p *provider) Recover(ctx context.Context, keep []kit.Kept) ([]kit.Recovere
 		p.log.Warn("container: cannot remove interrupted put_file temporaries from the persistent workspaces", "err", err)
 	}
 
+	keptDisks, keptKeys := map[string]bool{}, map[string]bool{}
+	for _, a := range attempts {
+		if a.h.Disk != "" {
+			keptDisks[a.h.Disk] = true
+		}
+		if a.h.WSImage {
+			keptKeys[a.k.Spec.WorkspaceKey] = true
+		}
+	}
+	p.sweepDisks(keptDisks, keptKeys)
+
 	mounted, err := p.runtimeMounts()
 	if err != nil {
 		// Taken for not mounted: the sessions then fail at their agent's
@@ -320,6 +342,9 @@ func (p *provider) Recover(ctx context.Context, keep []kit.Kept) ([]kit.Recovere
 		p.log.Info("container: session brought back; the execs that were running in it when the previous process stopped are gone (its agent ended them), processes they left running go on",
 			"id", a.k.ID)
 	})
+	if p.diskOn && p.opts.DiskPool > 0 {
+		p.pool = newDiskPool(p, p.opts.DiskPool)
+	}
 	p.ready.Store(true)
 	return append(results, back...), nil
 }
@@ -366,6 +391,18 @@ func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, 
 			}
 		}
 	}()
+	// Its disks are the session's from the start, whether or not they can
+	// be brought back: a failure below has the cleanup unmount them where
+	// they are still mounted (runc's, in this process's namespace), wait
+	// for their loop devices to let go and remove the ephemeral image.
+	// Recover's sweep kept them for this session.
+	if h.Disk != "" {
+		r.disk = &disk{img: filepath.Join(p.diskDir, h.Disk+imageSuffix), mnt: filepath.Join(p.diskDir, h.Disk), owner: p.rootUID()}
+	}
+	if h.WSImage {
+		key := k.Spec.WorkspaceKey
+		r.wsDisk = &disk{img: p.wsImage(key), mnt: filepath.Join(p.perDir, wsMountDir, key), owner: p.rootUID()}
+	}
 	// Its network first: adopted, the cleanup tears it down.
 	if r.net, err = p.net.Adopted(k.ID); err != nil {
 		return nil, fmt.Errorf("its network: %w", err)
@@ -384,14 +421,6 @@ func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, 
 	r.lowerMounted = isMounted(mounted, filepath.Join(r.dir, "lower"))
 	r.sysMounted = isMounted(mounted, filepath.Join(r.dir, "sys"))
 
-	if k.Spec.Durability == sandbox.Persistent {
-		r.ws = filepath.Join(p.perDir, k.Spec.WorkspaceKey)
-	} else {
-		r.ws = filepath.Join(r.dir, "workspace")
-	}
-	if fi, err := os.Stat(r.ws); err != nil || !fi.IsDir() {
-		return nil, fmt.Errorf("its workspace %s is gone", r.ws)
-	}
 	env := p.host.Env
 	if k.Spec.Image != HostImage {
 		img, release, err := p.images.Acquire(k.Spec.Image)
@@ -418,6 +447,36 @@ func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, 
 		return nil, fmt.Errorf("its container is not running: %w", err)
 	}
 	r.initFD = fd
+	// Its disks once its container is known to run: the container's
+	// mounts are what holds them.
+	if r.disk != nil {
+		if err := p.reopenDisk(r.disk, mounted, false); err != nil {
+			return nil, fmt.Errorf("its disk: %w", err)
+		}
+	}
+	if r.wsDisk != nil {
+		if err := p.reopenDisk(r.wsDisk, mounted, true); err != nil {
+			return nil, fmt.Errorf("its persistent workspace's image: %w", err)
+		}
+	}
+	switch {
+	case r.wsDisk != nil:
+		r.ws = r.wsDisk.path(diskWorkspace)
+	case k.Spec.Durability == sandbox.Persistent:
+		r.ws = filepath.Join(p.perDir, k.Spec.WorkspaceKey)
+	case r.disk != nil:
+		r.ws = r.disk.path(diskWorkspace)
+	default:
+		r.ws = filepath.Join(r.dir, "workspace")
+	}
+	if err := p.rt.do(func() error {
+		if fi, err := os.Stat(r.ws); err != nil || !fi.IsDir() {
+			return fmt.Errorf("its workspace %s is gone", r.ws)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
 	r.agent = &agent.Client{Dial: r.dial}
 	pctx, cancel := context.WithTimeout(ctx, recoverPing)
 	defer cancel()
@@ -725,4 +784,118 @@ func checkInit(pid int, id string) error {
 		}
 	}
 	return fmt.Errorf("process %d, named by its pid file, is not in its cgroup %s (the pid was reused)", pid, want)
+}
+
+// reopenDisk gets back a kept session's disk d where the runtime runs: as
+// it is when still mounted there (runc's: this process's namespace), or
+// mounted again from the loop device that still has its image (crun's
+// namespace died with the earlier run; the container's own mounts held
+// the filesystem, and so the device). A disk on no loop device is gone.
+func (p *provider) reopenDisk(d *disk, mounted map[string]bool, persistent bool) error {
+	d.loop = loopOf(d.img)
+	if d.loop == "" {
+		return fmt.Errorf("its image %s is on no loop device (nothing holds it any more)", d.img)
+	}
+	if isMounted(mounted, d.mnt) {
+		return nil
+	}
+	if err := os.Mkdir(d.mnt, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	// The same device: the filesystem already open on it, not a second one.
+	return p.rt.do(func() error { return mountDisk(d.loop, d.mnt, persistent) })
+}
+
+// sweepDisks removes the disks an earlier run left that no kept session
+// owns (keep: ephemeral disks by name; keepKeys: workspace images by key):
+// their mounts under the disks directory and the workspaces' mount
+// directory, in this process's mount namespace and the runtime's; the
+// loop devices whose backing file is under the provider's directory; the
+// ephemeral images (the pool's among them) and mount points; and the
+// images a workspace migration a crash interrupted left half made.
+// Workspace images are kept. What it cannot remove is logged; the next
+// start tries again.
+func (p *provider) sweepDisks(keep, keepKeys map[string]bool) {
+	wsMnt := filepath.Join(p.perDir, wsMountDir)
+	kept := func(path string) bool {
+		switch filepath.Dir(path) {
+		case p.diskDir:
+			return keep[strings.TrimSuffix(filepath.Base(path), imageSuffix)]
+		case wsMnt:
+			return keepKeys[filepath.Base(path)]
+		case p.perDir:
+			key, ok := strings.CutSuffix(filepath.Base(path), imageSuffix)
+			return ok && keepKeys[key]
+		}
+		return false
+	}
+	strays := func(mountinfo string) []string {
+		all, err := oscmd.MountPoints(mountinfo)
+		if err != nil {
+			p.log.Warn("container: cannot read a mount table to sweep the session disks", "err", err)
+			return nil
+		}
+		var out []string
+		for _, mp := range all {
+			if (filepath.Dir(mp) == p.diskDir || filepath.Dir(mp) == wsMnt) && !kept(strings.TrimSuffix(mp, ".new")) {
+				out = append(out, mp)
+			}
+		}
+		return out
+	}
+	for _, mp := range strays("/proc/self/mountinfo") {
+		if err := unmount(mp); err != nil {
+			p.log.Warn("container: cannot unmount a session disk an earlier run left", "mount", mp, "err", err)
+		}
+	}
+	if p.rt.ns != nil {
+		_ = p.rt.do(func() error {
+			for _, mp := range strays("/proc/thread-self/mountinfo") {
+				if err := unmount(mp); err != nil {
+					p.log.Warn("container: cannot unmount a session disk an earlier run left", "mount", mp, "err", err)
+				}
+			}
+			return nil
+		})
+	}
+	loops, err := loopsBacking(p.root)
+	if err != nil {
+		p.log.Warn("container: cannot list the loop devices to sweep the session disks", "err", err)
+	}
+	for dev, file := range loops {
+		if kept(file) {
+			continue
+		}
+		if err := detachLoop(dev); err != nil {
+			p.log.Warn("container: cannot detach a loop device an earlier run left", "device", dev, "image", file, "err", err)
+		} else {
+			p.log.Info("container: detached a loop device an earlier run left", "device", dev, "image", file)
+		}
+	}
+	remove := func(path string) {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			p.log.Warn("container: cannot remove a session disk an earlier run left", "path", path, "err", err)
+		}
+	}
+	if entries, err := os.ReadDir(p.diskDir); err == nil {
+		for _, e := range entries {
+			if path := filepath.Join(p.diskDir, e.Name()); !kept(path) {
+				remove(path)
+			}
+		}
+	}
+	if entries, err := os.ReadDir(wsMnt); err == nil {
+		for _, e := range entries {
+			if path := filepath.Join(wsMnt, e.Name()); !kept(strings.TrimSuffix(path, ".new")) {
+				remove(path)
+			}
+		}
+	}
+	if entries, err := os.ReadDir(p.perDir); err == nil {
+		for _, e := range entries {
+			if strings.HasSuffix(e.Name(), migrateSuffix) {
+				remove(filepath.Join(p.perDir, e.Name()))
+			}
+		}
+	}
 }

@@ -245,6 +245,33 @@ exit 1`, addr)
 // bundle, runtime state, cgroups, processes, mounts (in this process's
 // mount namespace and in every other of its threads), root mount point,
 // network namespace file. init is its container's old PID 1.
+// checkDiskGone checks that nothing is left of the disk named disk, of
+// session name: its image, its mount point, a mount of it (in the host's
+// mount namespace; crun's is checked by the caller's census at Close) or a
+// loop device on it.
+func checkDiskGone(t *testing.T, opts container.Options, name, disk string) {
+	t.Helper()
+	if disk == "" {
+		return
+	}
+	dir := filepath.Join(opts.StateDir, "container", "disks")
+	for _, p := range []string{filepath.Join(dir, disk+".img"), filepath.Join(dir, disk)} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: its disk's %s is left (%v)", name, p, err)
+		}
+	}
+	for _, m := range hostMountsUnder(t, dir) {
+		if filepath.Base(m) == disk {
+			t.Errorf("%s: its disk is still mounted at %s", name, m)
+		}
+	}
+	for _, l := range loopsUnder(t, dir) {
+		if strings.HasSuffix(l, "/"+disk+".img") {
+			t.Errorf("%s: its disk is still on a loop device: %s", name, l)
+		}
+	}
+}
+
 func checkGone(t *testing.T, opts container.Options, name, id string, init int) {
 	t.Helper()
 	root := filepath.Join(opts.StateDir, "container")
@@ -431,11 +458,15 @@ func testRecover(t *testing.T, rt string, mode container.UserNamespaceMode) {
 		t.Fatal(err)
 	}
 	recs := map[string]kit.Record{}
+	diskOf := map[string]string{} // a session's disk, by its handle
 	for _, r := range records {
 		recs[r.ID] = r
 		var h map[string]any
 		if err := json.Unmarshal(r.Handle, &h); err != nil {
 			t.Fatalf("session %s's handle %s: %v", r.ID, r.Handle, err)
+		}
+		if diskOf[r.ID], _ = h["disk"].(string); diskOf[r.ID] == "" {
+			t.Errorf("session %s's handle %s names no disk", r.ID, r.Handle)
 		}
 		if h["runtime"] != rt || h["remap"] != (mode == container.UserNamespaceOn) {
 			t.Errorf("session %s's handle %s: want runtime %s, remap %v", r.ID, r.Handle, rt, mode == container.UserNamespaceOn)
@@ -535,10 +566,11 @@ func testRecover(t *testing.T, rt string, mode container.UserNamespaceMode) {
 	for _, s := range sessions {
 		if back[s.id] == nil {
 			checkGone(t, opts, s.name, s.id, s.init)
+			checkDiskGone(t, opts, s.name, diskOf[s.id])
 		}
 	}
 	gonePersistent := byName["none, persistent, not kept"]
-	if b, err := os.ReadFile(filepath.Join(opts.StateDir, "container", "workspaces", gonePersistent.spec.WorkspaceKey, "hello")); err != nil || string(b) != gonePersistent.token {
+	if b, err := readWorkspaceFile(t, opts.StateDir, gonePersistent.spec.WorkspaceKey, "hello"); err != nil || string(b) != gonePersistent.token {
 		t.Errorf("the persistent workspace of a session not kept holds %q (%v), want its file", b, err)
 	}
 	if v := veths(t, opts); len(v) != 3 {
@@ -593,10 +625,11 @@ func testRecover(t *testing.T, rt string, mode container.UserNamespaceMode) {
 	destroyAll()
 	for _, s := range sessions {
 		checkGone(t, opts, s.name, s.id, s.init)
+		checkDiskGone(t, opts, s.name, diskOf[s.id])
 	}
 	checkGone(t, opts, "the session made after the recovery", newID, 0)
 	kept := byName["internal, persistent, kept"]
-	if b, err := os.ReadFile(filepath.Join(opts.StateDir, "container", "workspaces", kept.spec.WorkspaceKey, "hello")); err != nil || string(b) != kept.token {
+	if b, err := readWorkspaceFile(t, opts.StateDir, kept.spec.WorkspaceKey, "hello"); err != nil || string(b) != kept.token {
 		t.Errorf("the persistent workspace of a recovered session, after its destroy, holds %q (%v), want its file", b, err)
 	}
 	if err := p.Close(); err != nil {
@@ -605,6 +638,12 @@ func testRecover(t *testing.T, rt string, mode container.UserNamespaceMode) {
 	closed = true
 	if m := hostMountsUnder(t, opts.StateDir); len(m) > 0 {
 		t.Errorf("mounts left under the state directory: %v", m)
+	}
+	if l := loopsUnder(t, opts.StateDir); len(l) > 0 {
+		t.Errorf("loop devices left: %v", l)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(opts.StateDir, "container", "disks")); len(entries) > 0 {
+		t.Errorf("left in the disks directory: %v", entries)
 	}
 	if entries, _ := os.ReadDir(filepath.Join(opts.StateDir, "container", "sessions")); len(entries) > 0 {
 		t.Errorf("left in the sessions directory: %v", entries)
@@ -653,7 +692,7 @@ func TestRecoverSweepsAll(t *testing.T) {
 	if v := veths(t, opts); len(v) > 0 {
 		t.Errorf("veths left: %v", v)
 	}
-	if b, err := os.ReadFile(filepath.Join(opts.StateDir, "container", "workspaces", sp.WorkspaceKey, "hello")); err != nil || string(b) != sessions[1].token {
+	if b, err := readWorkspaceFile(t, opts.StateDir, sp.WorkspaceKey, "hello"); err != nil || string(b) != sessions[1].token {
 		t.Errorf("the persistent workspace holds %q (%v), want its file", b, err)
 	}
 	// The new provider works.

@@ -38,6 +38,9 @@ type resources struct {
 	ws   string
 	env  map[string]string // the exec base environment
 
+	disk   *disk // the session's disk; nil: no cap
+	wsDisk *disk // its persistent workspace's image, mounted; nil: none (or a plain directory)
+
 	rootfs       string // the root overlay's mount point
 	rootDir      string // when remapped, rootfs's own directory under rootsDir
 	lowerMounted bool   // the image, idmapped, is mounted at dir/lower
@@ -149,8 +152,9 @@ func (r *resources) removePutTemps() {
 	if len(dirs) == 0 {
 		return
 	}
-	root, err := os.OpenRoot(r.ws)
-	if err != nil {
+	// Opened where the runtime runs: a workspace image is mounted there.
+	var root *os.Root
+	if r.p.rt.do(func() (err error) { root, err = os.OpenRoot(r.ws); return err }) != nil {
 		return
 	}
 	defer root.Close()
@@ -222,6 +226,14 @@ func (r *resources) cleanup(ctx context.Context) error {
 		if err := r.p.rt.do(func() error { return unmount(r.rootfs) }); err != nil {
 			errs = append(errs, fmt.Errorf("unmount the session's root: %w", err))
 			unmounted = false
+		} else if r.rootDir == "" {
+			// Its mount point now, not with the bundle: removing it
+			// detaches the copies of the root that mount namespaces made
+			// meanwhile hold (see closeDisk), which would hold its disk.
+			if err := os.Remove(r.rootfs); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("the session's root mount point: %w", err))
+				unmounted = false
+			}
 		}
 	}
 	if r.lowerMounted {
@@ -239,6 +251,24 @@ func (r *resources) cleanup(ctx context.Context) error {
 	if r.rootDir != "" && unmounted {
 		if err := removeRootMount(r.rootDir); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	// The disks once nothing of the session is mounted on them: the
+	// container's mounts are gone with it, the root overlay above.
+	if r.wsDisk != nil && unmounted {
+		if err := r.p.closeDisk(r.wsDisk, false); err != nil {
+			errs = append(errs, fmt.Errorf("the persistent workspace's image: %w", err))
+			unmounted = false
+		} else {
+			r.wsDisk = nil
+		}
+	}
+	if r.disk != nil && unmounted {
+		if err := r.p.closeDisk(r.disk, true); err != nil {
+			errs = append(errs, err)
+			unmounted = false
+		} else {
+			r.disk = nil
 		}
 	}
 	if r.release != nil {

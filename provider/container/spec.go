@@ -30,6 +30,7 @@ type bind struct{ source, dest string }
 // specInput is what one session's OCI config is made of.
 type specInput struct {
 	remap       bool      // a user namespace of UserNamespaceBase's mapping
+	tmpfs       bool      // /tmp is a tmpfs (no disk cap); else a directory of the root's upper layer
 	sysfs       string    // when remapped, the session's sysfs, mounted
 	rootfs      string    // the session's root overlay, mounted
 	workspace   string    // the host directory bind-mounted at /workspace
@@ -47,7 +48,9 @@ type specInput struct {
 // buildSpec is the session's container: the agent as PID 1 (through its
 // own loader and libraries when it is dynamically linked) in new pid,
 // ipc, uts, mount and cgroup namespaces (and a user namespace when
-// remapped), the session's network namespace, a private /tmp, the
+// remapped), the session's network namespace, a private /tmp (a tmpfs
+// without a disk cap; with one, a directory of the root's upper layer, on
+// the session's disk), the
 // workspace, the caps as cgroup limits, and the hardening (no new
 // privileges, a seccomp allowlist, few capabilities, masked and read-only
 // /proc paths).
@@ -73,7 +76,6 @@ func buildSpec(in specInput) *specs.Spec {
 			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
 			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
 			{Destination: workspaceDir, Type: "bind", Source: in.workspace, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
 			{Destination: agentPath, Type: "bind", Source: in.agent.binary, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 		},
@@ -107,6 +109,9 @@ func buildSpec(in specInput) *specs.Spec {
 	}
 	for _, b := range in.agent.libs {
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: b.dest, Type: "bind", Source: b.source, Options: []string{"bind", "ro", "nosuid", "nodev"}})
+	}
+	if in.tmpfs {
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}})
 	}
 	for _, b := range in.binds {
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: b.dest, Type: "bind", Source: b.source, Options: []string{"rbind", "ro", "nosuid", "nodev"}})

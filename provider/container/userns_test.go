@@ -167,11 +167,6 @@ func unsBundle(opts container.Options, id string) string {
 	return filepath.Join(opts.StateDir, "container", "sessions", id)
 }
 
-// unsPersistentWS is persistent workspace key's directory on the host.
-func unsPersistentWS(opts container.Options, key string) string {
-	return filepath.Join(opts.StateDir, "container", "workspaces", key)
-}
-
 // unsOwner is path's uid and gid on the host (not following a symlink).
 func unsOwner(t testing.TB, path string) (uid, gid int) {
 	t.Helper()
@@ -200,7 +195,7 @@ func unsWantOwner(t testing.TB, path string, uid, gid int) {
 // ports below 1024 bind.
 func TestUserNamespaceSession(t *testing.T) {
 	unsEachRuntime(t, func(t *testing.T, rt string) {
-		sb, opts := unsRemapped(t, rt)
+		sb, _ := unsRemapped(t, rt)
 		for _, image := range unsImages {
 			t.Run(strings.Split(image, ":")[0], func(t *testing.T) {
 				sess := unsSession(t, sb, unsSpec(image, ""))
@@ -219,7 +214,7 @@ func TestUserNamespaceSession(t *testing.T) {
 				if err := sess.PutFile(unsCtx(t), "by-put", []byte("y")); err != nil {
 					t.Fatal(err)
 				}
-				ws := filepath.Join(unsBundle(opts, sess.ID()), "workspace")
+				upper, ws := sessionDirs(t, sb, sess.ID())
 				unsWantOwner(t, ws, unsBase, unsBase)
 				unsWantOwner(t, filepath.Join(ws, "by-exec"), unsBase, unsBase)
 				unsWantOwner(t, filepath.Join(ws, "by-put"), unsBase, unsBase)
@@ -229,7 +224,6 @@ func TestUserNamespaceSession(t *testing.T) {
 				// directory, both landing in the upper layer as
 				// UserNamespaceBase's.
 				unsMustSh(t, sess, "echo x > /etc/new-file && mkdir -p /opt/x && echo y > /opt/x/f")
-				upper := filepath.Join(unsBundle(opts, sess.ID()), "upper")
 				unsWantOwner(t, filepath.Join(upper, "etc", "new-file"), unsBase, unsBase)
 				unsWantOwner(t, filepath.Join(upper, "opt", "x", "f"), unsBase, unsBase)
 				// The image's files are root's in the session, and the
@@ -282,7 +276,7 @@ func TestUserNamespaceHostFiles(t *testing.T) {
 					t.Fatalf("RemapsUsers = %v, want %v", got, want)
 				}
 				sess := unsSession(t, sb, unsSpec(containersuite.Busybox, ""))
-				ws := filepath.Join(unsBundle(opts, sess.ID()), "workspace")
+				_, ws := sessionDirs(t, sb, sess.ID())
 				secret := "tai42-secret-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 				for name, perm := range map[string]os.FileMode{"secret": 0o600, "public": 0o644} {
 					if err := os.WriteFile(filepath.Join(ws, name), []byte(secret), perm); err != nil {
@@ -350,7 +344,8 @@ func TestUserNamespaceModes(t *testing.T) {
 		t.Errorf("uid_map in an unremapped session: %q, want the identity", got)
 	}
 	unsMustSh(t, sess, "echo x > /workspace/f")
-	unsWantOwner(t, filepath.Join(unsBundle(opts, sess.ID()), "workspace", "f"), 0, 0)
+	_, ws := sessionDirs(t, sb, sess.ID())
+	unsWantOwner(t, filepath.Join(ws, "f"), 0, 0)
 
 	bad := unsOptions(t, "runc", "sometimes")
 	if sb, err := container.New(bad); err == nil {
@@ -400,25 +395,32 @@ func TestUserNamespacePersistentSwitch(t *testing.T) {
 			}
 			unsMustSh(t, sess, script)
 		}
-		ws := unsPersistentWS(container.Options{StateDir: state}, key)
+		// The workspace as the host has it, between the sessions.
+		owners := func(fn func(ws string)) { t.Helper(); withWorkspace(t, state, key, fn) }
 
 		use(container.UserNamespaceOff, "echo a > /workspace/a && mkdir /workspace/d && echo b > /workspace/d/b && chown -R 1000:1000 /workspace/d && ln -s /etc/passwd /workspace/link")
-		unsWantOwner(t, ws, 0, 0)
-		unsWantOwner(t, filepath.Join(ws, "a"), 0, 0)
-		unsWantOwner(t, filepath.Join(ws, "d", "b"), 1000, 1000)
+		owners(func(ws string) {
+			unsWantOwner(t, ws, 0, 0)
+			unsWantOwner(t, filepath.Join(ws, "a"), 0, 0)
+			unsWantOwner(t, filepath.Join(ws, "d", "b"), 1000, 1000)
+		})
 
 		use(container.UserNamespaceOn, `test "$(stat -c %u:%g /workspace/a /workspace/d/b | tr '\n' ' ')" = "0:0 1000:1000 " && echo more >> /workspace/a && echo c > /workspace/c && rm /workspace/d/b`)
-		unsWantOwner(t, ws, unsBase, unsBase)
-		unsWantOwner(t, filepath.Join(ws, "a"), unsBase, unsBase)
-		unsWantOwner(t, filepath.Join(ws, "c"), unsBase, unsBase)
-		unsWantOwner(t, filepath.Join(ws, "d"), unsBase+1000, unsBase+1000)
-		unsWantOwner(t, filepath.Join(ws, "link"), unsBase, unsBase)
+		owners(func(ws string) {
+			unsWantOwner(t, ws, unsBase, unsBase)
+			unsWantOwner(t, filepath.Join(ws, "a"), unsBase, unsBase)
+			unsWantOwner(t, filepath.Join(ws, "c"), unsBase, unsBase)
+			unsWantOwner(t, filepath.Join(ws, "d"), unsBase+1000, unsBase+1000)
+			unsWantOwner(t, filepath.Join(ws, "link"), unsBase, unsBase)
+		})
 		unsWantOwner(t, "/etc/passwd", 0, 0) // the symlink's target is not followed
 
 		use(container.UserNamespaceOff, `test "$(stat -c %u /workspace/a /workspace/c /workspace/d | tr '\n' ' ')" = "0 0 1000 " && cat /workspace/a`)
-		unsWantOwner(t, ws, 0, 0)
-		unsWantOwner(t, filepath.Join(ws, "c"), 0, 0)
-		unsWantOwner(t, filepath.Join(ws, "d"), 1000, 1000)
+		owners(func(ws string) {
+			unsWantOwner(t, ws, 0, 0)
+			unsWantOwner(t, filepath.Join(ws, "c"), 0, 0)
+			unsWantOwner(t, filepath.Join(ws, "d"), 1000, 1000)
+		})
 	})
 }
 
@@ -454,8 +456,22 @@ func TestUserNamespaceNoLeaks(t *testing.T) {
 				}
 			}
 		}
-		if m := unsMountsUnder(t, opts.StateDir); len(m) > 0 {
+		// The pool's disks are the open provider's; after its Close
+		// nothing is left.
+		if m := notPool(unsMountsUnder(t, opts.StateDir), poolDisks(t, sb)); len(m) > 0 {
 			t.Errorf("mounts left under the state directory: %v", m)
+		}
+		if err := sb.Close(unsCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if m := unsMountsUnder(t, opts.StateDir); len(m) > 0 {
+			t.Errorf("mounts left under the state directory after Close: %v", m)
+		}
+		if l := loopsUnder(t, opts.StateDir); len(l) > 0 {
+			t.Errorf("loop devices left after Close: %v", l)
+		}
+		if imgs, _ := filepath.Glob(filepath.Join(opts.StateDir, "container", "disks", "*")); len(imgs) > 0 {
+			t.Errorf("disks left after Close: %v", imgs)
 		}
 	})
 }

@@ -1,0 +1,696 @@
+package container
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/kit"
+)
+
+// Defaults of the disk cap's options (see [Options.DiskMB]).
+const (
+	DefaultDiskMB        = 10240
+	DefaultDiskPool      = 2
+	DefaultDiskReserveMB = 1024
+	// diskBytesPerInode is the default inode ratio: one inode per 16 KiB
+	// of the cap.
+	diskBytesPerInode = 16 << 10
+)
+
+// Where a session's disk keeps what the session writes: the root
+// overlay's upper and work directories (the upper holding /tmp), and an
+// ephemeral workspace. A persistent workspace image holds its workspace
+// in diskWorkspace too.
+const (
+	diskUpper     = "upper"
+	diskWork      = "work"
+	diskWorkspace = "ws"
+)
+
+// wsMountDir, under the persistent workspaces directory, holds the mount
+// points of their images, one per key; '+' is in no workspace_key, so no
+// key can name it.
+const wsMountDir = "+mnt"
+
+// imageSuffix ends the name of an image file.
+const imageSuffix = ".img"
+
+// diskCfg is the geometry of the disks the provider makes.
+type diskCfg struct {
+	mb     int // the cap, in MiB
+	inodes int // the inode count
+}
+
+// disk is one ext4 filesystem in an image file, on a loop device, mounted
+// where the runtime runs. Nothing of it is safe for concurrent use: it is
+// one session's, or the pool's.
+type disk struct {
+	img   string // the image file
+	mnt   string // its mount point
+	loop  string // the loop device it was attached to, e.g. "loop3"
+	owner int    // the host uid (and gid) its directories are owned by
+}
+
+// name is the disk's name in the disks directory (its image's base name
+// less the suffix).
+func (d *disk) name() string { return strings.TrimSuffix(filepath.Base(d.img), imageSuffix) }
+
+// path is rel on the disk, where the runtime runs.
+func (d *disk) path(rel string) string { return filepath.Join(d.mnt, rel) }
+
+// newDiskName is a fresh random name for an ephemeral disk.
+func newDiskName() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("container: crypto/rand failed: %v", err)) // never on Linux ≥ 3.17
+	}
+	return "d-" + hex.EncodeToString(b[:])
+}
+
+// mkfs makes img, a sparse file of cfg.mb MiB, into an ext4 filesystem of
+// cfg.inodes inodes whose root directory is owner's. An ephemeral disk has
+// no journal (it does not outlive a crash of the machine that matters); a
+// persistent one has a small one. Neither has the blocks reserved for an
+// online resize (resize_inode: 4 MiB written at each mkfs of a 10 GiB
+// disk, for a growth a cap never has). With background, mkfs runs at the
+// lowest CPU and I/O priority: it is the pool's refill, which must not
+// slow the creates it runs beside. img must not exist.
+func mkfs(ctx context.Context, img string, cfg diskCfg, owner int, persistent, background bool) (err error) {
+	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("the disk image: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(img)
+		}
+	}()
+	terr := f.Truncate(int64(cfg.mb) << 20)
+	if cerr := f.Close(); terr == nil {
+		terr = cerr
+	}
+	if terr != nil {
+		return fmt.Errorf("the disk image %s: %w", img, terr)
+	}
+	args := []string{"-q", "-F", "-b", "4096", "-m", "0", "-N", strconv.Itoa(cfg.inodes),
+		"-E", fmt.Sprintf("lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=%d:%d", owner, owner)}
+	if persistent {
+		args = append(args, "-O", "^resize_inode", "-J", "size=4")
+	} else {
+		args = append(args, "-O", "^resize_inode,^has_journal")
+	}
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, mkfsBinary, append(args, img)...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Start()
+	if err == nil {
+		if background {
+			// Set just after the exec, before mkfs has done anything
+			// that matters; failing, it only runs at the usual priority.
+			lowPriority(cmd.Process.Pid)
+		}
+		err = cmd.Wait()
+	}
+	if err != nil {
+		return fmt.Errorf("mkfs.ext4 of %s (%d MiB, %d inodes): %w: %s", img, cfg.mb, cfg.inodes, err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+// lowPriority gives process (or thread) id the lowest CPU priority (nice
+// 19) and the idle I/O class, best effort.
+func lowPriority(id int) {
+	_ = unix.Setpriority(unix.PRIO_PROCESS, id, 19)
+	// ioprio_set(IOPRIO_WHO_PROCESS, id, IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT)
+	const ioprioWhoProcess, ioprioClassIdle, ioprioClassShift = 1, 3, 13
+	_, _, _ = unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, uintptr(id), ioprioClassIdle<<ioprioClassShift)
+}
+
+// mkfsBinary is e2fsprogs' mkfs.ext4, looked up in PATH.
+const mkfsBinary = "mkfs.ext4"
+
+// loopControl is the kernel's allocator of loop devices.
+const loopControl = "/dev/loop-control"
+
+// attachLoop attaches img to a free loop device, which detaches itself
+// once nothing holds it open any more (autoclear: the mount that follows
+// is its holder), and returns the device's name ("loop3") and an open
+// descriptor on it, to close once the device is mounted.
+func attachLoop(img string) (string, int, error) {
+	file, err := unix.Open(img, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", -1, fmt.Errorf("the disk image: %w", err)
+	}
+	defer unix.Close(file)
+	ctl, err := unix.Open(loopControl, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", -1, fmt.Errorf("the loop device allocator %s: %w", loopControl, err)
+	}
+	defer unix.Close(ctl)
+	for range 16 {
+		n, err := unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return "", -1, fmt.Errorf("a free loop device (LOOP_CTL_GET_FREE): %w", err)
+		}
+		name := "loop" + strconv.Itoa(n)
+		dev, err := unix.Open("/dev/"+name, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return "", -1, fmt.Errorf("the loop device /dev/%s: %w", name, err)
+		}
+		cfg := unix.LoopConfig{Fd: uint32(file)}
+		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+		copy(cfg.Info.File_name[:], img)
+		err = unix.IoctlLoopConfigure(dev, &cfg)
+		if err == nil {
+			return name, dev, nil
+		}
+		unix.Close(dev)
+		if !errors.Is(err, unix.EBUSY) {
+			return "", -1, fmt.Errorf("attaching %s to /dev/%s (LOOP_CONFIGURE): %w", img, name, err)
+		}
+		// Another process took it between GET_FREE and CONFIGURE.
+	}
+	return "", -1, errors.New("no free loop device: each one found was taken before it could be attached")
+}
+
+// loopsBacking lists the loop devices whose backing file is under dir (or
+// is dir), as name → backing file, from /sys/block.
+func loopsBacking(dir string) (map[string]string, error) {
+	entries, err := os.ReadDir("/sys/block")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), "loop") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/sys/block", e.Name(), "loop", "backing_file"))
+		if err != nil {
+			continue // not attached
+		}
+		f := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
+		if f == dir || strings.HasPrefix(f, dir+"/") {
+			out[e.Name()] = f
+		}
+	}
+	return out, nil
+}
+
+// loopOf is the loop device backed by img, or "".
+func loopOf(img string) string {
+	loops, err := loopsBacking(filepath.Dir(img))
+	if err != nil {
+		return ""
+	}
+	for name, f := range loops {
+		if f == img {
+			return name
+		}
+	}
+	return ""
+}
+
+// detachLoop detaches loop device name now, or, when something still
+// holds it, marks it to detach once nothing does.
+func detachLoop(name string) error {
+	fd, err := unix.Open("/dev/"+name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENXIO) {
+			return nil
+		}
+		return fmt.Errorf("the loop device /dev/%s: %w", name, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0); err != nil && !errors.Is(err, unix.ENXIO) {
+		return fmt.Errorf("detaching /dev/%s (LOOP_CLR_FD): %w", name, err)
+	}
+	return nil
+}
+
+// waitDetached waits up to 2 s for img to back no loop device: the kernel
+// detaches an autoclear device once its last holder (the mount) is gone,
+// which can come just after the unmount returns.
+func waitDetached(img string) error {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		name := loopOf(img)
+		if name == "" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the image %s is still attached to /dev/%s 2s after its unmount (something else holds the device open)", img, name)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// mountDisk mounts loop device dev's ext4 at mnt: nodev, nosuid, and with
+// noinit_itable, so that the kernel does not write out the inode tables
+// mkfs left uninitialised (on a sparse image that would give it real
+// blocks for nothing). A persistent image is mounted with discard, so that
+// what its session deletes frees space on the host.
+func mountDisk(dev, mnt string, persistent bool) error {
+	opts := "noinit_itable"
+	if persistent {
+		opts += ",discard"
+	}
+	if err := unix.Mount("/dev/"+dev, mnt, "ext4", unix.MS_NODEV|unix.MS_NOSUID, opts); err != nil {
+		return fmt.Errorf("mount /dev/%s (ext4) on %s: %w", dev, mnt, err)
+	}
+	return nil
+}
+
+// openDisk attaches image img (made already) to a loop device and mounts
+// it at mnt (made already) where the runtime runs. An image already on a
+// loop device (an earlier session's, whose device is still detaching, or
+// one a kept session holds) is mounted from that device, never attached a
+// second time: two loop devices on one ext4 image would corrupt it.
+func (p *provider) openDisk(img, mnt string, persistent bool) (string, error) {
+	if dev := loopOf(img); dev != "" {
+		err := p.rt.do(func() error { return mountDisk(dev, mnt, persistent) })
+		if err == nil {
+			return dev, nil
+		}
+		// Detaching since: it frees the image.
+		if werr := waitDetached(img); werr != nil {
+			return "", fmt.Errorf("%w (%w)", werr, err)
+		}
+	}
+	dev, fd, err := attachLoop(img)
+	if err != nil {
+		return "", err
+	}
+	// Mounted, the device is held by the mount; closed, by nothing else.
+	defer unix.Close(fd)
+	if err := p.rt.do(func() error { return mountDisk(dev, mnt, persistent) }); err != nil {
+		return "", err
+	}
+	return dev, nil
+}
+
+// closeDisk unmounts d where the runtime runs, removes its mount point and
+// waits for its loop device to detach; with remove, it removes the image
+// too.
+//
+// The mount point goes before the wait: a mount namespace made while the
+// disk was mounted in this process's (runc's disks are; another process's
+// namespace, or crun's of another provider of this process) holds a copy
+// of the mount, which holds the filesystem and so the device, for as long
+// as that namespace lives, since the host's mounts propagate nothing. The
+// kernel detaches every mount on a directory when the directory is
+// removed, in whatever namespace.
+func (p *provider) closeDisk(d *disk, remove bool) error {
+	if err := p.rt.do(func() error { return unmount(d.mnt) }); err != nil {
+		return fmt.Errorf("unmount the session's disk: %w", err)
+	}
+	var errs []error
+	if err := os.Remove(d.mnt); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("the disk's mount point: %w", err))
+	}
+	if err := waitDetached(d.img); err != nil {
+		errs = append(errs, err)
+	}
+	if remove && len(errs) == 0 {
+		if err := os.Remove(d.img); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("the disk's image: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// makeEphemeralDisk makes a session disk in the disks directory, mounted,
+// with its upper (its /tmp in it), work and workspace directories made
+// and owned by root of the sessions; background says it is the pool's
+// refill (see mkfs). On error nothing of it is left.
+func (p *provider) makeEphemeralDisk(ctx context.Context, cfg diskCfg, background bool) (_ *disk, err error) {
+	name := newDiskName()
+	d := &disk{img: filepath.Join(p.diskDir, name+imageSuffix), mnt: filepath.Join(p.diskDir, name), owner: p.rootUID()}
+	if err := mkfs(ctx, d.img, cfg, d.owner, false, background); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(d.img)
+		}
+	}()
+	if err := os.Mkdir(d.mnt, 0o700); err != nil {
+		return nil, fmt.Errorf("the disk's mount point: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(d.mnt)
+		}
+	}()
+	if d.loop, err = p.openDisk(d.img, d.mnt, false); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			if cerr := p.closeDisk(d, true); cerr != nil {
+				p.log.Warn("container: removing a disk that could not be readied", "disk", d.name(), "err", cerr)
+			}
+		}
+	}()
+	err = p.rt.do(func() error {
+		// The upper layer's top is the session's "/": 0755, as a root
+		// is; its /tmp is 1777, as a /tmp is.
+		for _, dir := range []struct {
+			rel  string
+			mode os.FileMode
+		}{
+			{diskUpper, 0o755},
+			{filepath.Join(diskUpper, "tmp"), 0o777 | os.ModeSticky},
+			{diskWork, 0o700},
+			{diskWorkspace, 0o700},
+		} {
+			path := d.path(dir.rel)
+			if err := os.Mkdir(path, 0o700); err != nil {
+				return err
+			}
+			if err := os.Chown(path, d.owner, d.owner); err != nil {
+				return err
+			}
+			if err := os.Chmod(path, dir.mode); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("readying the session's disk: %w", err)
+	}
+	return d, nil
+}
+
+// diskPool holds a few ephemeral disks made ahead, mounted and empty, so
+// that a create takes one instead of making it (mkfs, attach and mount).
+// A goroutine refills it after each take, in the background: at the
+// lowest CPU and I/O priority, and once no create has been running for
+// refillQuiet (at the latest refillMaxDefer after the take), so that the
+// refill does not slow the creates and first execs it would run beside.
+// Safe for concurrent use.
+type diskPool struct {
+	p    *provider
+	want int
+
+	mu       sync.Mutex
+	ready    []*disk
+	closed   bool
+	creating int           // creates running
+	lastEnd  time.Time     // when the last create ended
+	failed   error         // the refill's last failure, until the next take or success
+	changed  chan struct{} // closed and replaced at each change of the above
+
+	kick chan struct{} // a take happened: make more
+	stop chan struct{}
+	done chan struct{}
+}
+
+// How the refill waits for the creates to be done.
+const (
+	refillQuiet    = 20 * time.Millisecond
+	refillMaxDefer = time.Second
+)
+
+func newDiskPool(p *provider, want int) *diskPool {
+	dp := &diskPool{p: p, want: want, changed: make(chan struct{}), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	go dp.fill()
+	return dp
+}
+
+// notify wakes the waiters of a change; dp.mu must be held.
+func (dp *diskPool) notify() {
+	close(dp.changed)
+	dp.changed = make(chan struct{})
+}
+
+// fill keeps the pool at want disks until stop. A disk it cannot make is
+// logged, and tried again at the next take.
+func (dp *diskPool) fill() {
+	defer close(dp.done)
+	// The refill's own work (the attach, runc's mounts) at the lowest
+	// priority too: on a thread of its own, which ends with it. Never the
+	// main thread, which outlives it.
+	runtime.LockOSThread()
+	if tid := unix.Gettid(); tid != unix.Getpid() {
+		lowPriority(tid)
+	}
+	for {
+		for {
+			dp.mu.Lock()
+			n := len(dp.ready)
+			dp.mu.Unlock()
+			if n >= dp.want || !dp.waitQuiet() {
+				break
+			}
+			d, err := dp.p.makeEphemeralDisk(context.Background(), dp.p.disk, true)
+			dp.mu.Lock()
+			if err != nil {
+				dp.failed = err
+				dp.notify()
+				dp.mu.Unlock()
+				dp.p.log.Warn("container: cannot make a session disk ahead; creates make their own meanwhile", "err", err)
+				break
+			}
+			if dp.closed {
+				dp.mu.Unlock()
+				dp.p.discardDisk(d)
+				return
+			}
+			dp.ready = append(dp.ready, d)
+			dp.failed = nil
+			dp.notify()
+			dp.mu.Unlock()
+		}
+		select {
+		case <-dp.stop:
+			return
+		case <-dp.kick:
+		}
+	}
+}
+
+// waitQuiet waits until no create has run for refillQuiet, or
+// refillMaxDefer has passed; false when the pool stops meanwhile.
+func (dp *diskPool) waitQuiet() bool {
+	deadline := time.Now().Add(refillMaxDefer)
+	for {
+		dp.mu.Lock()
+		busy, since := dp.creating > 0, time.Since(dp.lastEnd)
+		dp.mu.Unlock()
+		wait := refillQuiet
+		if !busy {
+			if since >= refillQuiet {
+				return true
+			}
+			wait -= since
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return true
+		}
+		timer := time.NewTimer(min(wait, left))
+		select {
+		case <-dp.stop:
+			timer.Stop()
+			return false
+		case <-timer.C:
+		}
+	}
+}
+
+// begin and end bracket a create, which the refill waits for.
+func (dp *diskPool) begin() {
+	dp.mu.Lock()
+	dp.creating++
+	dp.mu.Unlock()
+}
+
+func (dp *diskPool) end() {
+	dp.mu.Lock()
+	dp.creating--
+	dp.lastEnd = time.Now()
+	dp.mu.Unlock()
+}
+
+// take returns a ready disk, or nil when none is.
+func (dp *diskPool) take() *disk {
+	dp.mu.Lock()
+	var d *disk
+	if n := len(dp.ready); n > 0 && !dp.closed {
+		d = dp.ready[n-1]
+		dp.ready = dp.ready[:n-1]
+	}
+	dp.failed = nil // the refill tries again
+	dp.notify()
+	dp.mu.Unlock()
+	select {
+	case dp.kick <- struct{}{}:
+	default:
+	}
+	return d
+}
+
+// wait waits until the pool holds its want disks ready, and returns their
+// names. It fails with the refill's error when the refill failed since the
+// last take, when the pool is closed, or when ctx ends.
+func (dp *diskPool) wait(ctx context.Context) ([]string, error) {
+	for {
+		dp.mu.Lock()
+		var names []string
+		for _, d := range dp.ready {
+			names = append(names, d.name())
+		}
+		closed, failed, changed := dp.closed, dp.failed, dp.changed
+		dp.mu.Unlock()
+		switch {
+		case closed:
+			return nil, errors.New("the disk pool is closed")
+		case len(names) >= dp.want:
+			return names, nil
+		case failed != nil:
+			return nil, fmt.Errorf("the disk pool's refill failed: %w", failed)
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for the disk pool to be refilled (%d of %d ready): %w", len(names), dp.want, ctx.Err())
+		}
+	}
+}
+
+// close stops the refill and removes the ready disks.
+func (dp *diskPool) close() {
+	dp.mu.Lock()
+	if dp.closed {
+		dp.mu.Unlock()
+		return
+	}
+	dp.closed = true
+	ready := dp.ready
+	dp.ready = nil
+	dp.notify()
+	dp.mu.Unlock()
+	close(dp.stop)
+	<-dp.done
+	for _, d := range ready {
+		dp.p.discardDisk(d)
+	}
+}
+
+// abandon stops the refill and lets go of the ready disks, as the
+// process's death would: the next start sweeps them.
+func (dp *diskPool) abandon() {
+	dp.mu.Lock()
+	if dp.closed {
+		dp.mu.Unlock()
+		return
+	}
+	dp.closed = true
+	dp.ready = nil
+	dp.notify()
+	dp.mu.Unlock()
+	close(dp.stop)
+	<-dp.done
+}
+
+// WaitDiskPool waits until the container provider of sb has its pool of
+// disks made ahead full (Options.DiskPool), so that its next create takes
+// one, and returns their mount points (each one's image is the mount point
+// followed by ".img"): benchmarks and tests use it to see a provider at
+// rest, and to tell its pool's disks, which no session has, from a
+// session's. It returns none at once when the provider has no pool (the
+// cap off, DiskPool negative, or sb not a container provider's), and an
+// error when the refill failed since the last create, the pool is closed,
+// or ctx ends. Safe for concurrent use, once Recover is done (kit.New
+// returns then).
+func WaitDiskPool(ctx context.Context, sb *kit.Sandbox) ([]string, error) {
+	p, ok := sb.Provider().(*provider)
+	if !ok || p.pool == nil {
+		return nil, nil
+	}
+	names, err := p.pool.wait(ctx)
+	var out []string
+	for _, n := range names {
+		out = append(out, filepath.Join(p.diskDir, n))
+	}
+	return out, err
+}
+
+// discardDisk removes an ephemeral disk no session took, logging a
+// failure.
+func (p *provider) discardDisk(d *disk) {
+	if err := p.closeDisk(d, true); err != nil {
+		p.log.Warn("container: cannot remove a session disk made ahead; the next start tries again", "disk", d.name(), "err", err)
+	}
+}
+
+// sessionDisk is an ephemeral session's disk: one from the pool, or one
+// made now when the pool has none ready.
+func (p *provider) sessionDisk(ctx context.Context) (*disk, error) {
+	if p.pool != nil {
+		if d := p.pool.take(); d != nil {
+			return d, nil
+		}
+	}
+	return p.makeEphemeralDisk(ctx, p.disk, false)
+}
+
+// checkReserve refuses a create when the state directory's filesystem has
+// less free space than the reserve: the sessions' disks are sparse, so
+// many of them together can still fill it.
+func (p *provider) checkReserve() error {
+	if p.opts.DiskReserveMB <= 0 {
+		return nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(p.root, &st); err != nil {
+		return sandbox.WrapError("create_session", "cannot read the free space of the state directory "+p.root, err)
+	}
+	free := int64(st.Bavail) * st.Bsize >> 20
+	if free < int64(p.opts.DiskReserveMB) {
+		return sandbox.Errorf("create_session", "the state directory's filesystem (%s) has %d MiB free, less than the disk reserve of %d MiB (container.Options.DiskReserveMB): free space there, or lower the reserve", p.root, free, p.opts.DiskReserveMB)
+	}
+	return nil
+}
+
+// checkDisks checks, at New, that session disks can be made here: the
+// e2fsprogs binary, the loop device allocator, and one disk made, mounted
+// where the runtime runs, and removed. Its error says what is missing and
+// that the operator may turn the cap off.
+func (p *provider) checkDisks() error {
+	off := "; install what is missing, or run without a disk cap (container.Options.DiskOff), which leaves a session's writes limited by the host's disk alone"
+	if _, err := exec.LookPath(mkfsBinary); err != nil {
+		return fmt.Errorf("the session disk cap needs %s (apt-get install -y e2fsprogs): %w%s", mkfsBinary, err, off)
+	}
+	if _, err := os.Stat(loopControl); err != nil {
+		return fmt.Errorf("the session disk cap needs loop devices (%s): %w%s", loopControl, err, off)
+	}
+	// A small disk: the check is of the mechanism; a cap too small for
+	// a session fails its create, saying so.
+	d, err := p.makeEphemeralDisk(context.Background(), diskCfg{mb: 16, inodes: 1024}, false)
+	if err != nil {
+		return fmt.Errorf("the session disk cap: cannot make a session disk: %w%s", err, off)
+	}
+	if err := p.closeDisk(d, true); err != nil {
+		return fmt.Errorf("the session disk cap: cannot remove a session disk: %w%s", err, off)
+	}
+	return nil
+}
