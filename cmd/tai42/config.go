@@ -295,12 +295,35 @@ func (e egressConfig) given() bool {
 	return len(e.allow)+len(e.deny)+len(e.domains)+len(e.dns) > 0
 }
 
-// diskConfig is the container provider's disk cap per session.
+// diskConfig is the container provider's disk cap per session. Its zero
+// value, which "tai42 run" uses, is the provider's defaults.
 type diskConfig struct {
-	mb        int   // 0: no cap
+	mb        int   // 0: no cap (serve), the default cap (the zero value)
 	inodes    int64 // 0: the provider's default for mb
-	reserveMB int
-	explicit  bool // the cap was given (flag, variable or file), not defaulted
+	reserveMB int   // 0: no reserve (serve)
+	explicit  bool  // the cap was given (flag, variable or file), not defaulted
+	resolved  bool  // a resolved setting of serve's, not the zero value
+}
+
+// off reports whether the operator turned the cap off (--disk-mb 0).
+func (d diskConfig) off() bool { return d.resolved && d.mb == 0 }
+
+// reserve is the provider's DiskReserveMB: --disk-reserve-mb 0 is none.
+func (d diskConfig) reserve() int {
+	if d.resolved && d.reserveMB == 0 {
+		return -1
+	}
+	return d.reserveMB
+}
+
+// pool is the provider's DiskPool: a daemon keeps the provider's default
+// number of disks made ahead; a one-shot run, which makes one session,
+// none (it would make them only to remove them).
+func (d diskConfig) pool(daemon bool) int {
+	if daemon {
+		return 0
+	}
+	return -1
 }
 
 // resolveServeConfig resolves every setting of "tai42 serve": a flag given
@@ -442,7 +465,7 @@ func (f *serveFlags) validate(lookupEnv func(string) (string, bool)) (serveConfi
 	case f.diskReserveMB < 0:
 		return serveConfig{}, fmt.Errorf("--disk-reserve-mb must be >= 0, got %d", f.diskReserveMB)
 	}
-	cfg.disk = diskConfig{mb: f.diskMB, inodes: f.diskInodes, reserveMB: f.diskReserveMB}
+	cfg.disk = diskConfig{mb: f.diskMB, inodes: f.diskInodes, reserveMB: f.diskReserveMB, resolved: true}
 	if cfg.token != "" {
 		if err := validToken(cfg.token); err != nil {
 			return serveConfig{}, fmt.Errorf("the token from --token or $%s: %w", tokenEnv, err)

@@ -57,7 +57,7 @@ func TestExampleConfigLoads(t *testing.T) {
 		maxBodyBytes: 1 << 30, maxOutputBytes: 64 << 20,
 		policy:   sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationNone, Durable: true},
 		logLevel: slog.LevelInfo, logFormat: "json",
-		disk: diskConfig{mb: 10240, reserveMB: 1024},
+		disk: diskConfig{mb: 10240, reserveMB: 1024, resolved: true},
 	}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("example config:\n %+v\nwant\n %+v", cfg, want)
@@ -309,7 +309,7 @@ reserve_mb = 64
 	if !reflect.DeepEqual(cfg.egress, want) {
 		t.Errorf("egress from the file: %+v, want %+v", cfg.egress, want)
 	}
-	if d := (diskConfig{mb: 512, inodes: 4096, reserveMB: 64, explicit: true}); cfg.disk != d {
+	if d := (diskConfig{mb: 512, inodes: 4096, reserveMB: 64, explicit: true, resolved: true}); cfg.disk != d {
 		t.Errorf("disk from the file: %+v, want %+v", cfg.disk, d)
 	}
 	// A flag replaces the file's list rather than adding to it, as for
@@ -327,7 +327,7 @@ reserve_mb = 64
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.egress.given() || cfg.disk != (diskConfig{mb: defaultDiskMB, reserveMB: defaultDiskReserveMB}) {
+	if cfg.egress.given() || cfg.disk != (diskConfig{mb: defaultDiskMB, reserveMB: defaultDiskReserveMB, resolved: true}) {
 		t.Errorf("defaults: egress %+v, disk %+v", cfg.egress, cfg.disk)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -303,5 +304,83 @@ func TestBinaryContainerReload(t *testing.T) {
 	waitDeny([]string{"198.51.100.0/24"})
 	if code, _ := d.stop(t); code != 0 {
 		t.Errorf("the daemon exited %d on SIGTERM; stderr:\n%s", code, d.stderr.String())
+	}
+}
+
+// TestBinaryContainerDisk: "tai42 serve --provider container --disk-mb N"
+// caps each session's disk (a write past it fails with ENOSPC inside, df
+// shows the cap) and says so in GET /v1/policy; --disk-mb 0 is no cap,
+// said the same way.
+func TestBinaryContainerDisk(t *testing.T) {
+	requireContainer(t)
+	bin := buildBinary(t)
+	env := []string{"PATH=" + os.Getenv("PATH"), "TAI42_TOKEN=" + testToken}
+	diskOf := func(d *daemonProc) api.DiskCap {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "http://"+d.addr+"/v1/policy", nil)
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var p api.PolicyInfo
+		if err := json.NewDecoder(resp.Body).Decode(&p); err != nil || p.Disk == nil {
+			t.Fatalf("GET /v1/policy: %+v, %v", p, err)
+		}
+		return *p.Disk
+	}
+	run := func(d *daemonProc, args ...string) (string, string, int) {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(env, "TAI42_URL=http://"+d.addr)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return out.String(), errb.String(), ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), errb.String(), 0
+	}
+
+	d := startDaemonProc(t, bin, env, "--listen", "127.0.0.1:0", "--state-dir", t.TempDir(), "--provider", "container",
+		"--net-prefix", "t42dk", "--disk-mb", "64", "--disk-inodes", "4096")
+	if got := diskOf(d); got != (api.DiskCap{Enforced: true, MB: 64, Inodes: 4096, ReserveMB: defaultDiskReserveMB}) {
+		t.Errorf("GET /v1/policy disk: %+v", got)
+	}
+	out, errOut, code := run(d, "create")
+	id := strings.TrimSpace(out)
+	if code != 0 {
+		t.Fatalf("create: exit %d, %s", code, errOut)
+	}
+	out, errOut, code = run(d, "exec", id, "--", "sh", "-c",
+		"df -k / /tmp /workspace | tail -n +2 | while read fs size rest; do echo $size; done; dd if=/dev/zero of=/workspace/big bs=1M count=100 2>&1; echo dd=$?")
+	lines := strings.Fields(out)
+	if code != 0 || len(lines) < 4 {
+		t.Fatalf("exec: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	for i, fs := range []string{"/", "/tmp", "/workspace"} {
+		if kb, err := strconv.Atoi(lines[i]); err != nil || kb > 64<<10 || kb < 32<<10 {
+			t.Errorf("df %s inside shows %q KiB, want the 64 MiB cap", fs, lines[i])
+		}
+	}
+	if !strings.Contains(out, "No space left on device") || strings.Contains(out, "dd=0") {
+		t.Errorf("a 100 MiB write past the 64 MiB cap: %q, want ENOSPC", out)
+	}
+	run(d, "rm", id)
+	if code, _ := d.stop(t); code != 0 {
+		t.Errorf("the daemon exited %d on SIGTERM; stderr:\n%s", code, d.stderr.String())
+	}
+
+	off := startDaemonProc(t, bin, env, "--listen", "127.0.0.1:0", "--state-dir", t.TempDir(), "--provider", "container",
+		"--net-prefix", "t42dk", "--disk-mb", "0", "--disk-reserve-mb", "0")
+	if got := diskOf(off); got != (api.DiskCap{}) {
+		t.Errorf("GET /v1/policy disk with --disk-mb 0 --disk-reserve-mb 0: %+v, want not enforced", got)
+	}
+	if code, _ := off.stop(t); code != 0 {
+		t.Errorf("the daemon exited %d on SIGTERM; stderr:\n%s", code, off.stderr.String())
 	}
 }

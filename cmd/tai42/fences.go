@@ -24,6 +24,11 @@ type egressReporter interface {
 	EgressStats() (container.EgressStats, error)
 }
 
+// diskReporter is what a provider that caps disks tells the daemon.
+type diskReporter interface {
+	Disk() container.DiskInfo
+}
+
 // providerOf is the kit-built sandbox's provider, nil for another sandbox.
 func providerOf(sb sandbox.Sandbox) kit.Provider {
 	if k, ok := sb.(interface{ Provider() kit.Provider }); ok {
@@ -52,6 +57,10 @@ func enforced(sb sandbox.Sandbox, cfg serveConfig) (*api.EgressFences, *api.Disk
 		for _, u := range info.Upstreams {
 			fences.Upstreams = append(fences.Upstreams, u.String())
 		}
+	}
+	if d, ok := p.(diskReporter); ok {
+		info := d.Disk()
+		*disk = api.DiskCap{Enforced: info.MB > 0, MB: info.MB, Inodes: info.Inodes, ReserveMB: info.ReserveMB}
 	}
 	return fences, disk
 }

@@ -38,6 +38,9 @@ type providerConfig struct {
 	netPrefix string
 	// egress are the container provider's fences of the operator's.
 	egress egressConfig
+	// disk is the container provider's disk cap; the zero value is its
+	// defaults (the cap on).
+	disk diskConfig
 	// logger receives the provider's lifecycle events; nil discards them.
 	logger *slog.Logger
 	// durable makes the provider keep its sessions in a durable ledger,
@@ -99,6 +102,11 @@ var embeddedProviders = []embeddedProvider{
 			EgressDeny:         c.egress.deny,
 			EgressAllowDomains: c.egress.domains,
 			EgressDNS:          c.egress.dns,
+			DiskOff:            c.disk.off(),
+			DiskMB:             c.disk.mb,
+			DiskInodes:         int(c.disk.inodes),
+			DiskReserveMB:      c.disk.reserve(),
+			DiskPool:           c.disk.pool(c.durable),
 			Logger:             c.logger,
 			Ledger:             c.ledger,
 		})

@@ -160,6 +160,7 @@ func (c *cli) serve(cfg serveConfig) error {
 		runtime:        cfg.runtime,
 		netPrefix:      cfg.netPrefix,
 		egress:         cfg.egress,
+		disk:           cfg.disk,
 		logger:         log,
 		durable:        true,
 	})

@@ -563,12 +563,15 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 	// host uid UserNamespaceBase when remapped, host root otherwise.
 	owner := p.rootUID()
 	upper, work := filepath.Join(r.dir, diskUpper), filepath.Join(r.dir, diskWork)
+	// Whether or not the sessions' disks are capped: the reserve keeps
+	// the state directory's filesystem (the ledger, persistent workspaces)
+	// from filling up.
+	if err := p.checkReserve(); err != nil {
+		return nil, err
+	}
 	if p.diskOn {
-		if err := p.checkReserve(); err != nil {
-			return nil, err
-		}
 		if r.disk, err = p.sessionDisk(ctx); err != nil {
-			return nil, fmt.Errorf("the session's disk (cap %d MiB, %d inodes; container.Options.DiskMB, DiskInodes): %w", p.disk.mb, p.disk.inodes, err)
+			return nil, fmt.Errorf("the session's disk (cap %d MiB, %d inodes; tai42 serve --disk-mb, --disk-inodes): %w", p.disk.mb, p.disk.inodes, err)
 		}
 		upper, work = r.disk.path(diskUpper), r.disk.path(diskWork)
 	}

@@ -666,9 +666,26 @@ func (p *provider) checkReserve() error {
 	}
 	free := int64(st.Bavail) * st.Bsize >> 20
 	if free < int64(p.opts.DiskReserveMB) {
-		return sandbox.Errorf("create_session", "the state directory's filesystem (%s) has %d MiB free, less than the disk reserve of %d MiB (container.Options.DiskReserveMB): free space there, or lower the reserve", p.root, free, p.opts.DiskReserveMB)
+		return sandbox.Errorf("create_session", "the state directory's filesystem (%s) has %d MiB free, less than the disk reserve of %d MiB (tai42 serve --disk-reserve-mb; container.Options.DiskReserveMB): free space there, or lower the reserve", p.root, free, p.opts.DiskReserveMB)
 	}
 	return nil
+}
+
+// Disk is the disk cap the provider enforces, for the daemon to report;
+// MB 0 when the cap is off.
+func (p *provider) Disk() DiskInfo {
+	if !p.diskOn {
+		return DiskInfo{ReserveMB: max(p.opts.DiskReserveMB, 0)}
+	}
+	return DiskInfo{MB: p.disk.mb, Inodes: int64(p.disk.inodes), ReserveMB: max(p.opts.DiskReserveMB, 0)}
+}
+
+// DiskInfo is the disk cap per session (see Options.DiskMB): MB 0 when it
+// is off; ReserveMB 0 when creates are not refused for want of space.
+type DiskInfo struct {
+	MB        int
+	Inodes    int64
+	ReserveMB int
 }
 
 // checkDisks checks, at New, that session disks can be made here: the
@@ -676,7 +693,7 @@ func (p *provider) checkReserve() error {
 // where the runtime runs, and removed. Its error says what is missing and
 // that the operator may turn the cap off.
 func (p *provider) checkDisks() error {
-	off := "; install what is missing, or run without a disk cap (container.Options.DiskOff), which leaves a session's writes limited by the host's disk alone"
+	off := "; install what is missing, or run without a disk cap (tai42 serve --disk-mb 0; container.Options.DiskOff), which leaves a session's writes limited by the host's disk alone"
 	if _, err := exec.LookPath(mkfsBinary); err != nil {
 		return fmt.Errorf("the session disk cap needs %s (apt-get install -y e2fsprogs): %w%s", mkfsBinary, err, off)
 	}
