@@ -32,6 +32,26 @@ func requireContainer(t *testing.T) {
 	}
 }
 
+// runBinary runs bin with args, env and stdin, and returns its stdout,
+// stderr and exit code; t fails when it cannot be run at all.
+func runBinary(t *testing.T, bin string, env []string, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		return out.String(), errb.String(), ee.ExitCode()
+	case err != nil:
+		t.Fatalf("tai42 %v: %v", args, err)
+	}
+	return out.String(), errb.String(), 0
+}
+
 // TestBinaryContainer runs the real binary, static, on the container
 // provider as the README does: "tai42 run --provider container --image
 // host -- CMD", then "tai42 serve --provider container" with the client
@@ -43,20 +63,7 @@ func TestBinaryContainer(t *testing.T) {
 	path := "PATH=" + os.Getenv("PATH")
 	run := func(env []string, stdin string, args ...string) (string, string, int) {
 		t.Helper()
-		cmd := exec.Command(bin, args...)
-		cmd.Env = env
-		cmd.Stdin = strings.NewReader(stdin)
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		var ee *exec.ExitError
-		switch {
-		case errors.As(err, &ee):
-			return out.String(), errb.String(), ee.ExitCode()
-		case err != nil:
-			t.Fatalf("tai42 %v: %v", args, err)
-		}
-		return out.String(), errb.String(), 0
+		return runBinary(t, bin, env, stdin, args...)
 	}
 	sessionsLeft := func() []string {
 		entries, _ := os.ReadDir(filepath.Join(state, "container", "sessions"))
@@ -137,20 +144,7 @@ func TestBinaryContainerCgo(t *testing.T) {
 	path := "PATH=" + os.Getenv("PATH")
 	run := func(env []string, stdin string, args ...string) (string, string, int) {
 		t.Helper()
-		cmd := exec.Command(bin, args...)
-		cmd.Env = env
-		cmd.Stdin = strings.NewReader(stdin)
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		var ee *exec.ExitError
-		switch {
-		case errors.As(err, &ee):
-			return out.String(), errb.String(), ee.ExitCode()
-		case err != nil:
-			t.Fatalf("tai42 %v: %v", args, err)
-		}
-		return out.String(), errb.String(), 0
+		return runBinary(t, bin, env, stdin, args...)
 	}
 	// checkEnv checks the output of `echo ok; env`.
 	checkEnv := func(what, out string) {
@@ -332,18 +326,7 @@ func TestBinaryContainerDisk(t *testing.T) {
 	}
 	run := func(d *daemonProc, args ...string) (string, string, int) {
 		t.Helper()
-		cmd := exec.Command(bin, args...)
-		cmd.Env = append(env, "TAI42_URL=http://"+d.addr)
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return out.String(), errb.String(), ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return out.String(), errb.String(), 0
+		return runBinary(t, bin, append(env, "TAI42_URL=http://"+d.addr), "", args...)
 	}
 
 	d := startDaemonProc(t, bin, env, "--listen", "127.0.0.1:0", "--state-dir", t.TempDir(), "--provider", "container",
