@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tai42/sandbox/internal/nsthread"
+
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -228,7 +230,7 @@ func openNetnsFile(path string) (*netns, error) {
 		ns.close()
 		return nil, fmt.Errorf("its namespace file %s is not mounted: the namespace ended", path)
 	}
-	err = onLockedThread(func() (bool, error) {
+	err = nsthread.Locked(func() (bool, error) {
 		orig, err := os.Open("/proc/thread-self/ns/net")
 		if err != nil {
 			return false, fmt.Errorf("opening the thread's network namespace: %w", err)

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tai42/sandbox/internal/nsthread"
+
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -301,7 +303,7 @@ func TestFencesResolver(t *testing.T) {
 		return serr
 	}}
 	var pc net.PacketConn
-	err := onLockedThread(func() (bool, error) {
+	err := nsthread.Locked(func() (bool, error) {
 		var err error
 		pc, err = lc.ListenPacket(t.Context(), "udp4", netip.AddrPortFrom(gw, 0).String())
 		return false, err

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tai42/sandbox/internal/nsthread"
+
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -114,23 +116,7 @@ func inNS(t testing.TB, path string, fn func() error) error {
 	return inNSFile(ns, fn)
 }
 
-func inNSFile(ns *os.File, fn func() error) error {
-	return onLockedThread(func() (bool, error) {
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			return false, err
-		}
-		defer orig.Close()
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			return false, fmt.Errorf("setns: %w", err)
-		}
-		ferr := fn()
-		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			return true, fmt.Errorf("restoring the thread: %w", err)
-		}
-		return false, ferr
-	})
-}
+func inNSFile(ns *os.File, fn func() error) error { return nsthread.InNetNS(ns, fn) }
 
 // server is a TCP server that answers each connection with the address it
 // saw the connection come from, then closes it.
@@ -494,7 +480,7 @@ func ipv6Addrs(t testing.TB, path, name string) []string {
 	}
 	var err error
 	if path == "" {
-		err = onLockedThread(func() (bool, error) { return false, list() })
+		err = nsthread.Locked(func() (bool, error) { return false, list() })
 	} else {
 		err = inNS(t, path, list)
 	}
@@ -541,7 +527,7 @@ func routesIn(t testing.TB, path string) []netlink.Route {
 			return err
 		}
 		defer h.Close()
-		out, err = retryDump(func() ([]netlink.Route, error) { return h.RouteList(nil, netlink.FAMILY_V4) })
+		out, err = nsthread.RetryDump(func() ([]netlink.Route, error) { return h.RouteList(nil, netlink.FAMILY_V4) })
 		return err
 	})
 	if err != nil {
@@ -572,7 +558,7 @@ func assertClean(t testing.TB, m *Manager) {
 			t.Errorf("left mounted: %s", strings.TrimSpace(line))
 		}
 	}
-	links, err := retryDump(netlink.LinkList)
+	links, err := nsthread.RetryDump(netlink.LinkList)
 	if err != nil {
 		t.Fatal(err)
 	}

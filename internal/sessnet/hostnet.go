@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/tai42/sandbox/internal/nsthread"
+
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -15,7 +17,7 @@ import (
 // interface of its namespace, with the subnet it is on (and a
 // point-to-point address's peer network), split by family.
 func (m *Manager) hostNetworks() (v4, v6 []netip.Prefix, err error) {
-	addrs, err := retryDump(func() ([]netlink.Addr, error) { return m.host.AddrList(nil, netlink.FAMILY_ALL) })
+	addrs, err := nsthread.RetryDump(func() ([]netlink.Addr, error) { return m.host.AddrList(nil, netlink.FAMILY_ALL) })
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing the host's addresses: %w", err)
 	}

@@ -10,6 +10,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/tai42/sandbox/internal/nsthread"
+
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
@@ -114,7 +116,7 @@ func localMAC() net.HardwareAddr {
 // of it (a route in any table other than a default route, or an address of
 // its own): two bridges claiming one range would misroute both.
 func (m *Manager) checkSubnetFree(t *tierNet) error {
-	routes, err := retryDump(func() ([]netlink.Route, error) {
+	routes, err := nsthread.RetryDump(func() ([]netlink.Route, error) {
 		return m.host.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	})
 	if err != nil {
@@ -307,22 +309,7 @@ func unmountRemove(path string) error {
 	return nil
 }
 
-// dumpRetries bounds the retries of a netlink dump that the kernel reports
-// as interrupted (links or routes changed while it ran, which other
-// sessions' setups do all the time).
-const dumpRetries = 10
-
 // listLinks dumps h's links, retrying interrupted dumps.
 func listLinks(h *netlink.Handle) ([]netlink.Link, error) {
-	return retryDump(h.LinkList)
-}
-
-// retryDump runs a dump until the kernel reports it consistent.
-func retryDump[T any](dump func() ([]T, error)) ([]T, error) {
-	for i := 0; ; i++ {
-		out, err := dump()
-		if !errors.Is(err, netlink.ErrDumpInterrupted) || i == dumpRetries {
-			return out, err
-		}
-	}
+	return nsthread.RetryDump(h.LinkList)
 }

@@ -5,31 +5,14 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"runtime"
 	"strconv"
 	"sync"
+
+	"github.com/tai42/sandbox/internal/nsthread"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
-
-// onLockedThread runs fn on a fresh goroutine locked to its OS thread and
-// returns its error. When fn reports that the thread's namespaces could not
-// be restored (tainted), the goroutine exits still locked, so the runtime
-// ends that thread instead of reusing it: no other goroutine ever runs on a
-// thread left inside a session's namespace.
-func onLockedThread(fn func() (tainted bool, err error)) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		tainted, err := fn()
-		errc <- err
-		if !tainted {
-			runtime.UnlockOSThread()
-		}
-	}()
-	return <-errc
-}
 
 // nsID identifies a network namespace (the nsfs inode).
 type nsID struct{ dev, ino uint64 }
@@ -69,7 +52,7 @@ type netns struct {
 // the thread is never reused (see onLockedThread).
 func newNetns() (*netns, error) {
 	var ns *netns
-	err := onLockedThread(func() (bool, error) {
+	err := nsthread.Locked(func() (bool, error) {
 		orig, err := os.Open("/proc/thread-self/ns/net")
 		if err != nil {
 			return false, fmt.Errorf("opening the thread's network namespace: %w", err)

@@ -57,6 +57,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/tai42/sandbox/internal/nsthread"
+
 	"github.com/google/nftables"
 	mdnetlink "github.com/mdlayher/netlink"
 	"github.com/vishvananda/netlink"
@@ -320,7 +322,7 @@ func newManager(cfg Config) (*Manager, error) {
 	// The host's namespace is the one of a thread of our own, read while it
 	// is locked: a thread of the process may be inside a session's namespace
 	// at that moment (see onLockedThread), never this one.
-	err = onLockedThread(func() (bool, error) {
+	err = nsthread.Locked(func() (bool, error) {
 		id, err := threadNS()
 		if err != nil {
 			return false, fmt.Errorf("reading the host's network namespace: %w", err)
@@ -777,7 +779,7 @@ func (m *Manager) ours(name string) bool {
 // namespace, so that sockets and /proc/sys/net files fn opens are the
 // host's. A thread found elsewhere is never reused.
 func (m *Manager) inHost(fn func() error) error {
-	return onLockedThread(func() (bool, error) {
+	return nsthread.Locked(func() (bool, error) {
 		id, err := threadNS()
 		if err != nil {
 			return false, fmt.Errorf("reading the thread's network namespace: %w", err)

@@ -19,7 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -669,22 +668,6 @@ func listenHost(t testing.TB, addr netip.Addr) *sessnettest.Server {
 		t.Fatalf("listening on %s: %v", addr, err)
 	}
 	return sessnettest.Serve(t, ln)
-}
-
-// onLockedThread runs fn on a goroutine locked to its OS thread. When fn
-// reports the thread tainted (its namespace could not be restored), the
-// goroutine exits still locked, so the runtime ends the thread.
-func onLockedThread(fn func() (tainted bool, err error)) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		tainted, err := fn()
-		errc <- err
-		if !tainted {
-			runtime.UnlockOSThread()
-		}
-	}()
-	return <-errc
 }
 
 // newUpstream makes the internet the test's egress sessions reach: a

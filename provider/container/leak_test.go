@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tai42/sandbox/internal/nsthread"
+
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"go.uber.org/goleak"
@@ -570,7 +572,7 @@ func (m mountNSThread) String() string {
 func hostMountNS(t testing.TB) unix.Stat_t {
 	t.Helper()
 	var st unix.Stat_t
-	err := onLockedThread(func() (bool, error) {
+	err := nsthread.Locked(func() (bool, error) {
 		return false, unix.Stat("/proc/thread-self/ns/mnt", &st)
 	})
 	if err != nil {
@@ -584,7 +586,7 @@ func hostMountNS(t testing.TB) unix.Stat_t {
 func hostMountsUnder(t testing.TB, dir string) []string {
 	t.Helper()
 	var out []string
-	err := onLockedThread(func() (bool, error) {
+	err := nsthread.Locked(func() (bool, error) {
 		var err error
 		out, err = mountsUnder("/proc/thread-self/mountinfo", dir)
 		return false, err

@@ -3,8 +3,9 @@ package host
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"sync"
+
+	"github.com/tai42/sandbox/internal/nsthread"
 
 	"golang.org/x/sys/unix"
 )
@@ -24,7 +25,7 @@ type netns struct {
 // namespace as the host's would later send threads back into it.
 func probeNetns() (*os.File, error) {
 	var host *os.File
-	err := onLockedThread(func() (bool, error) {
+	err := nsthread.Locked(func() (bool, error) {
 		var err error
 		host, err = os.Open("/proc/thread-self/ns/net")
 		return false, err
@@ -41,27 +42,10 @@ func probeNetns() (*os.File, error) {
 	return host, nil
 }
 
-// onLockedThread runs fn on a fresh goroutine locked to its OS thread and
-// returns its error. When fn reports that the thread's namespaces could not
-// be restored (tainted), the goroutine exits still locked, so the runtime
-// ends that thread instead of reusing it.
-func onLockedThread(fn func() (tainted bool, err error)) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		tainted, err := fn()
-		errc <- err
-		if !tainted {
-			runtime.UnlockOSThread()
-		}
-	}()
-	return <-errc
-}
-
 // newNetns makes a network namespace with loopback up.
 func newNetns() (*netns, error) {
 	var ns *netns
-	err := onLockedThread(func() (bool, error) {
+	err := nsthread.Locked(func() (bool, error) {
 		orig, err := os.Open("/proc/thread-self/ns/net")
 		if err != nil {
 			return false, err
@@ -115,7 +99,7 @@ func loopbackUp() error {
 // run calls start with the calling thread inside the namespace, so that a
 // process it forks is born there, then returns the thread to host.
 func (ns *netns) run(host *os.File, start func() error) error {
-	return onLockedThread(func() (bool, error) {
+	return nsthread.Locked(func() (bool, error) {
 		if err := unix.Setns(int(ns.f.Fd()), unix.CLONE_NEWNET); err != nil {
 			return false, fmt.Errorf("entering the session's network namespace: %w", err)
 		}

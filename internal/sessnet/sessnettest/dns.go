@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/tai42/sandbox/internal/nsthread"
 )
 
 // DNSServer is a DNS server behind an Upstream's router: it answers A
@@ -101,7 +102,7 @@ func (u *Upstream) ServeDNS(t testing.TB, addr netip.Addr, ttl uint32, records m
 	if addr == u.RouterAddr {
 		err = ask()
 	} else {
-		err = InNetNS(u.NS, ask)
+		err = nsthread.InNetNS(u.NS, ask)
 	}
 	if err != nil || len(r.Answer) != 1 {
 		t.Fatalf("control: the test DNS server %s does not answer: %v %v", d.Addr, r, err)

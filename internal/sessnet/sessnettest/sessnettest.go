@@ -21,19 +21,19 @@ package sessnettest
 import (
 	"bufio"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tai42/sandbox/internal/nsthread"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -62,7 +62,7 @@ func FreePrefixes(t testing.TB, within netip.Prefix, bits, n int) []netip.Prefix
 	t.Helper()
 	claimMu.Lock()
 	defer claimMu.Unlock()
-	routes, err := retryDump(func() ([]netlink.Route, error) {
+	routes, err := nsthread.RetryDump(func() ([]netlink.Route, error) {
 		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	})
 	if err != nil {
@@ -97,61 +97,13 @@ func FreePrefixes(t testing.TB, within netip.Prefix, bits, n int) []netip.Prefix
 	return out
 }
 
-// retryDump retries a netlink dump the kernel interrupted (the table
-// changed under it, as parallel tests make it do).
-func retryDump[T any](dump func() ([]T, error)) ([]T, error) {
-	for i := 0; ; i++ {
-		out, err := dump()
-		if !errors.Is(err, netlink.ErrDumpInterrupted) || i == 10 {
-			return out, err
-		}
-	}
-}
-
-// onLockedThread runs fn on a goroutine locked to its OS thread. When fn
-// reports the thread tainted (its namespace could not be restored), the
-// goroutine exits still locked, so the runtime ends the thread.
-func onLockedThread(fn func() (tainted bool, err error)) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		tainted, err := fn()
-		errc <- err
-		if !tainted {
-			runtime.UnlockOSThread()
-		}
-	}()
-	return <-errc
-}
-
-// InNetNS runs fn on a thread inside the network namespace ns, then
-// returns the thread to its own namespace; sockets fn makes belong to ns
-// for life. A thread that cannot return is never reused.
-func InNetNS(ns *os.File, fn func() error) error {
-	return onLockedThread(func() (bool, error) {
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			return false, err
-		}
-		defer orig.Close()
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			return false, fmt.Errorf("setns: %w", err)
-		}
-		ferr := fn()
-		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			return true, fmt.Errorf("returning the thread to its namespace: %w", err)
-		}
-		return false, ferr
-	})
-}
-
 // NewNetNS makes an anonymous network namespace with loopback up, held by
 // the returned file, which is closed at the end of t (the kernel then
 // destroys the namespace and the devices in it).
 func NewNetNS(t testing.TB) *os.File {
 	t.Helper()
 	var ns *os.File
-	err := onLockedThread(func() (bool, error) {
+	err := nsthread.Locked(func() (bool, error) {
 		orig, err := os.Open("/proc/thread-self/ns/net")
 		if err != nil {
 			return false, err
@@ -189,7 +141,7 @@ func NewNetNS(t testing.TB) *os.File {
 func Handle(t testing.TB, ns *os.File) *netlink.Handle {
 	t.Helper()
 	var h *netlink.Handle
-	err := InNetNS(ns, func() error {
+	err := nsthread.InNetNS(ns, func() error {
 		var err error
 		h, err = netlink.NewHandle(unix.NETLINK_ROUTE)
 		return err

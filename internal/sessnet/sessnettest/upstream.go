@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tai42/sandbox/internal/nsthread"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
@@ -170,7 +171,7 @@ func (u *Upstream) RouteFrom(t testing.TB, src netip.Prefix) {
 func (u *Upstream) Listen(t testing.TB, network string, addr netip.AddrPort) net.Listener {
 	t.Helper()
 	var ln net.Listener
-	err := InNetNS(u.NS, func() error {
+	err := nsthread.InNetNS(u.NS, func() error {
 		var err error
 		ln, err = net.Listen(network, addr.String())
 		return err
@@ -186,7 +187,7 @@ func (u *Upstream) Listen(t testing.TB, network string, addr netip.AddrPort) net
 func (u *Upstream) ListenPacket(t testing.TB, network string, addr netip.AddrPort) net.PacketConn {
 	t.Helper()
 	var pc net.PacketConn
-	err := InNetNS(u.NS, func() error {
+	err := nsthread.InNetNS(u.NS, func() error {
 		var err error
 		pc, err = net.ListenPacket(network, addr.String())
 		return err
@@ -204,7 +205,7 @@ func (u *Upstream) ListenPacket(t testing.TB, network string, addr netip.AddrPor
 // instead. It errs when the socket cannot be made or the request sent.
 func Ping(ns *os.File, dst netip.Addr, wait time.Duration) (replied, unreachable bool, err error) {
 	var fd int
-	err = InNetNS(ns, func() error {
+	err = nsthread.InNetNS(ns, func() error {
 		var err error
 		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMP)
 		return err
