@@ -58,7 +58,7 @@ func (s *suite) spec(mutate func(*sandbox.SessionSpec)) sandbox.SessionSpec {
 	sp := sandbox.SessionSpec{
 		Image:      s.opts.Image,
 		Durability: sandbox.Ephemeral,
-		Network:    slices.MinFunc(s.opts.Networks, func(a, b sandbox.Network) int { return sandbox.NetworkOpenness(a) - sandbox.NetworkOpenness(b) }),
+		Network:    slices.MinFunc(s.opts.Networks, func(a, b sandbox.Network) int { return openness(a) - openness(b) }),
 		TTLSeconds: 600,
 		Labels:     map[string]string{"suite": "sandboxtest"},
 	}

@@ -22,10 +22,19 @@ func (s *suite) specClauses() []clause {
 	}
 }
 
+// The tiers in the contract's order, weakest first: isolation none <
+// container < vm, network none < internal < egress. The suite ranks by
+// these lists, never by the contract package's own rank functions, so
+// that ranks swapped there are caught here rather than mirrored.
 var (
 	isolations = []sandbox.Isolation{sandbox.IsolationNone, sandbox.IsolationContainer, sandbox.IsolationVM}
 	networks   = []sandbox.Network{sandbox.NetworkNone, sandbox.NetworkInternal, sandbox.NetworkEgress}
 )
+
+// strength and openness are the rank of an isolation and a network in the
+// lists above.
+func strength(i sandbox.Isolation) int { return slices.Index(isolations, i) }
+func openness(n sandbox.Network) int   { return slices.Index(networks, n) }
 
 // specCase is one create the suite makes under a policy.
 type specCase struct {
@@ -88,12 +97,12 @@ func (s *suite) testSpecPolicy(t *testing.T) {
 	for _, floor := range isolations {
 		policy := sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: floor, Durable: true}
 		for _, iso := range isolations {
-			if sandbox.IsolationStrength(iso) < sandbox.IsolationStrength(floor) {
+			if strength(iso) < strength(floor) {
 				cases = append(cases, specCase{name: fmt.Sprintf("isolation=%s_below_floor_%s", iso, floor), policy: policy,
 					mutate: func(sp *sandbox.SessionSpec) { sp.Isolation = iso }, reason: sandbox.ReasonPolicy, field: "isolation"})
 			}
 		}
-		if sandbox.IsolationStrength(s.opts.Isolation) < sandbox.IsolationStrength(floor) {
+		if strength(s.opts.Isolation) < strength(floor) {
 			cases = append(cases, specCase{name: fmt.Sprintf("isolation=own_%s_below_floor_%s", s.opts.Isolation, floor), policy: policy,
 				reason: sandbox.ReasonPolicy, field: "isolation"})
 		}
@@ -101,7 +110,7 @@ func (s *suite) testSpecPolicy(t *testing.T) {
 	for _, ceiling := range networks {
 		policy := sandbox.Policy{Egress: ceiling, Isolation: sandbox.IsolationNone, Durable: true}
 		for _, n := range networks {
-			if sandbox.NetworkOpenness(n) > sandbox.NetworkOpenness(ceiling) {
+			if openness(n) > openness(ceiling) {
 				cases = append(cases, specCase{name: fmt.Sprintf("network=%s_above_ceiling_%s", n, ceiling), policy: policy,
 					mutate: func(sp *sandbox.SessionSpec) { sp.Network = n }, reason: sandbox.ReasonPolicy, field: "network"})
 			}
@@ -128,7 +137,7 @@ func (s *suite) testSpecUnenforceable(t *testing.T) {
 		}
 	}
 	for _, iso := range isolations {
-		if sandbox.IsolationStrength(iso) > sandbox.IsolationStrength(s.opts.Isolation) {
+		if strength(iso) > strength(s.opts.Isolation) {
 			cases = append(cases, unenforceable("isolation="+string(iso), "isolation", func(sp *sandbox.SessionSpec) { sp.Isolation = iso }))
 		}
 	}
