@@ -25,6 +25,7 @@ func (s *suite) sandboxClauses() []clause {
 		{"ConcurrentCreate", s.testConcurrentCreate},
 		{"DestroySession", s.testDestroySession},
 		{"Reap", s.testReap},
+		{"ConcurrentReap", s.testConcurrentReap},
 		{"BackgroundReaper", s.testBackgroundReaper},
 	}
 }
@@ -251,6 +252,49 @@ func (s *suite) testReap(t *testing.T) {
 	}
 	if _, err := sb.GetSession(ctx, live.ID()); err != nil {
 		t.Errorf("GetSession of the unexpired session after Reap: %v", err)
+	}
+	wantListed(t, sb, live.ID())
+}
+
+// Reaps that run at once return each expired id once between them: every
+// expired session is destroyed by exactly one of them ("exactly the ids it
+// destroyed"), none twice.
+func (s *suite) testConcurrentReap(t *testing.T) {
+	ctx := testContext(t)
+	sb := s.newSandbox(t, exact)
+	var expired []sandbox.Session
+	var want []string
+	for range 6 {
+		sess := s.newSession(t, sb, ttl(1))
+		expired = append(expired, sess)
+		want = append(want, sess.ID())
+	}
+	live := s.newSession(t, sb, ttl(3600))
+	waitExpired(t, ctx, expired...)
+	const reapers = 4
+	results := make([][]string, reapers)
+	errs := make([]error, reapers)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range reapers {
+		wg.Go(func() {
+			<-start
+			results[i], errs[i] = sb.Reap(ctx)
+		})
+	}
+	close(start)
+	wg.Wait()
+	var got []string
+	for i := range reapers {
+		if errs[i] != nil {
+			t.Errorf("Reap %d of %d at once: %v", i+1, reapers, errs[i])
+		}
+		got = append(got, results[i]...)
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("%d Reaps at once returned %q between them; want each expired session once, %q", reapers, results, want)
 	}
 	wantListed(t, sb, live.ID())
 }
