@@ -26,6 +26,7 @@ func (s *suite) sandboxClauses() []clause {
 		{"DestroySession", s.testDestroySession},
 		{"Reap", s.testReap},
 		{"ConcurrentReap", s.testConcurrentReap},
+		{"ReapNotEarly", s.testReapNotEarly},
 		{"BackgroundReaper", s.testBackgroundReaper},
 	}
 }
@@ -297,6 +298,45 @@ func (s *suite) testConcurrentReap(t *testing.T) {
 		t.Errorf("%d Reaps at once returned %q between them; want each expired session once, %q", reapers, results, want)
 	}
 	wantListed(t, sb, live.ID())
+}
+
+// Reap destroys a session only once its expires_at has passed: a Reap
+// called over and over from the session's create on returns its id at or
+// after expires_at, never before, and until then the session answers.
+func (s *suite) testReapNotEarly(t *testing.T) {
+	ctx := testContext(t)
+	sb := s.newSandbox(t, exact)
+	sess := s.newSession(t, sb, ttl(1))
+	info, err := sess.Info(ctx)
+	if err != nil {
+		t.Fatalf("Info: %v", err)
+	}
+	// Beyond the clocks' reading: the host's and, over an API, the
+	// daemon's are the same machine's.
+	const slack = 20 * time.Millisecond
+	deadline := info.ExpiresAt.Add(5 * time.Second)
+	for {
+		ids, err := sb.Reap(ctx)
+		now := time.Now()
+		if err != nil {
+			t.Fatalf("Reap: %v", err)
+		}
+		if slices.Contains(ids, sess.ID()) {
+			if early := info.ExpiresAt.Sub(now); early > slack {
+				t.Errorf("Reap destroyed the session %v before its expires_at %v", early, info.ExpiresAt)
+			}
+			return
+		}
+		if now.After(deadline) {
+			t.Fatalf("Reap never returned the session, expired since %v", info.ExpiresAt)
+		}
+		if now.Before(info.ExpiresAt.Add(-100 * time.Millisecond)) {
+			if _, err := sb.GetSession(ctx, sess.ID()); err != nil {
+				t.Fatalf("GetSession %v before expires_at: %v", info.ExpiresAt.Sub(now), err)
+			}
+		}
+		sleepCtx(ctx, 10*time.Millisecond)
+	}
 }
 
 // The background reaper destroys expired sessions on its own.
