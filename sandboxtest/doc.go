@@ -46,6 +46,10 @@
 // and finish before that test completes: release shared resources with
 // t.Cleanup, not after Run returns.
 //
+// CLAUSES.md, beside this package's source, lists every clause with what
+// it proves (the doc comment of the function that runs it); a test of this
+// package keeps it in step with the source.
+//
 // Every call the suite makes is bounded by a context deadline. A call that
 // does not return within a few seconds of its context ending fails the clause
 // instead of hanging the test binary, and a call that panics fails it too.

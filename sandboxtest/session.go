@@ -112,6 +112,8 @@ func wantListed(t *testing.T, sb sandbox.Sandbox, ids ...string) []sandbox.Sessi
 	return list
 }
 
+// ExecDefaultTimeout is the configured default (> 0) and ReapInterval the
+// cadence the sandbox was made with.
 func (s *suite) testDefaults(t *testing.T) {
 	sb := s.newSandbox(t, exact)
 	if d := sb.ExecDefaultTimeout(); d <= 0 {
