@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -199,6 +200,28 @@ func wantPlain(t *testing.T, err error, what string) {
 		if errors.Is(err, k) {
 			t.Errorf("%s: got %q, which matches %v; want a plain *sandbox.SandboxError carrying the real failure", what, err, k)
 		}
+	}
+}
+
+// wantPlainPath is wantPlain for a file operation on p: the message must
+// also name p, so that a person can tell which path failed.
+func wantPlainPath(t *testing.T, err error, p, what string) {
+	t.Helper()
+	wantPlain(t, err, what)
+	wantNamesPath(t, err, p, what)
+}
+
+// wantNamesPath fails unless err's message names p, as given or quoted (a
+// path holding a control character shows quoted). An empty path has
+// nothing to name.
+func wantNamesPath(t *testing.T, err error, p, what string) {
+	t.Helper()
+	if err == nil || p == "" {
+		return
+	}
+	msg, q := err.Error(), strconv.Quote(p)
+	if !strings.Contains(msg, p) && !strings.Contains(msg, q[1:len(q)-1]) {
+		t.Errorf("%s: the message %q does not name the path %q; every file error names the path it was given", what, msg, p)
 	}
 }
 
