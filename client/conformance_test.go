@@ -22,7 +22,7 @@ const conformanceToken = "tai42-conformance-token"
 func serveHost(t *testing.T, cfg sandboxtest.Config) string {
 	t.Helper()
 	sb := hostsuite.New(t, cfg)
-	srv, err := server.New(sb, server.Options{Token: conformanceToken, Policy: cfg.Policy, Provider: host.Name})
+	srv, err := server.New(sb, server.Options{Token: conformanceToken, Policy: cfg.Policy, Provider: host.Name, Logger: cfg.Logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestConformance(t *testing.T) {
 // and serves a new host runner on the same state, to a new client.
 func restartableOverAPI(t *testing.T, cfg sandboxtest.Config) (sandbox.Sandbox, func(crash bool) sandbox.Sandbox) {
 	serve := func(sb sandbox.Sandbox) (*client.Client, *httptest.Server) {
-		srv, err := server.New(sb, server.Options{Token: conformanceToken, Policy: cfg.Policy, Provider: host.Name})
+		srv, err := server.New(sb, server.Options{Token: conformanceToken, Policy: cfg.Policy, Provider: host.Name, Logger: cfg.Logger})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -23,6 +23,7 @@ func (s *suite) execClauses() []clause {
 		{"Timeout", s.testExecTimeout},
 		{"Env", s.testExecEnv},
 		{"SecretsNotInErrors", s.testExecSecretsNotInErrors},
+		{"SecretsNotInLogs", s.testExecSecretsNotInLogs},
 		{"Cwd", s.testExecCwd},
 		{"Stdin", s.testExecStdin},
 		{"NilStdin", s.testExecNilStdin},
@@ -204,6 +205,17 @@ func (s *suite) testExecSecretsNotInErrors(t *testing.T) {
 	_, err := sess.Exec(ctx, []string{"true"}, sandbox.ExecOptions{Env: env, Cwd: "../..", Timeout: execTimeout})
 	wantKind(t, err, sandbox.ErrSandbox, "Exec with a cwd climbing out")
 	noSecret(t, "the error of an Exec with a refused cwd", err, specSecret, execSecret)
+	// A cwd that is refused only once the provider looks: the error is
+	// the provider's own, made with the environment at hand.
+	mustPut(t, ctx, sess, "file", []byte("x"))
+	for _, cwd := range []string{"no-such-dir", "file"} {
+		_, err = sess.Exec(ctx, []string{"true"}, sandbox.ExecOptions{Env: env, Cwd: cwd, Timeout: execTimeout})
+		wantKind(t, err, sandbox.ErrSandbox, "Exec with the cwd "+cwd)
+		noSecret(t, "the error of an Exec with the cwd "+cwd, err, specSecret, execSecret)
+		_, err = sess.ExecStart(ctx, []string{"true"}, sandbox.StartOptions{Env: env, Cwd: cwd, Timeout: execTimeout})
+		wantKind(t, err, sandbox.ErrSandbox, "ExecStart with the cwd "+cwd)
+		noSecret(t, "the error of an ExecStart with the cwd "+cwd, err, specSecret, execSecret)
+	}
 	_, err = sess.Exec(ctx, []string{"true"}, sandbox.ExecOptions{Env: env})
 	wantKind(t, err, sandbox.ErrSandbox, "Exec with no Timeout")
 	noSecret(t, "the error of an Exec without a timeout", err, specSecret, execSecret)
@@ -228,6 +240,64 @@ func (s *suite) testExecSecretsNotInErrors(t *testing.T) {
 		t.Fatalf("ListSessions: %v", err)
 	}
 	noSecret(t, "ListSessions", list, specSecret)
+}
+
+// Env values never reach a log line, at any level: through create, execs
+// that print them, fail, time out or are killed, a rejected spec, a
+// destroy and the reaper, the provider logs through Config.Logger and no
+// line holds a secret.
+func (s *suite) testExecSecretsNotInLogs(t *testing.T) {
+	if !s.opts.Logs {
+		t.Skip("Options.Logs is false: the factory does not pass Config.Logger to the provider")
+	}
+	ctx := testContext(t)
+	specSecret, execSecret, bad := secretValue("spec"), secretValue("exec"), secretValue("badkey")
+	secrets := []string{specSecret, execSecret, bad}
+	sb := s.newSandbox(t, Config{Policy: permissive, ReapInterval: 100 * time.Millisecond})
+	withSecret := func(sp *sandbox.SessionSpec) {
+		sp.Env = map[string]sandbox.Secret{"TAI42_S": sandbox.NewSecret(specSecret)}
+	}
+	sess := s.newSession(t, sb, withSecret)
+	expiring := s.newSession(t, sb, func(sp *sandbox.SessionSpec) { withSecret(sp); sp.TTLSeconds = 1 })
+	env := map[string]sandbox.Secret{"TAI42_E": sandbox.NewSecret(execSecret)}
+	both := `printf '%s %s' "$TAI42_S" "$TAI42_E"; printf '%s %s' "$TAI42_S" "$TAI42_E" >&2`
+	run(t, ctx, sess, sandbox.ExecOptions{Env: env}, shArgv(both+"; exit 3")...)
+	sess.Exec(ctx, []string{"true"}, sandbox.ExecOptions{Env: env, Cwd: "no-such-dir", Timeout: execTimeout})
+	sess.Exec(ctx, []string{"tai42-no-such-command"}, sandbox.ExecOptions{Env: env, Timeout: execTimeout})
+	sess.Exec(ctx, shArgv(both+"; sleep 30"), sandbox.ExecOptions{Env: env, Timeout: 300 * time.Millisecond})
+	killed := start(t, ctx, sess, sandbox.StartOptions{Env: env}, shArgv(both+"; sleep 30")...)
+	killed.next(ctx)
+	if err := killed.h.Kill(ctx); err != nil {
+		t.Errorf("Kill: %v", err)
+	}
+	killed.drain(ctx, prompt)
+	timedOut := start(t, ctx, sess, sandbox.StartOptions{Env: env, Timeout: 300 * time.Millisecond}, shArgv(both+"; sleep 30")...)
+	timedOut.drain(ctx, prompt)
+	sb.CreateSession(ctx, s.spec(func(sp *sandbox.SessionSpec) {
+		sp.Env = map[string]sandbox.Secret{"TAI42=BAD": sandbox.NewSecret(bad)}
+	}))
+	waitExpired(t, ctx, expiring)
+	if !eventually(ctx, 5*time.Second, func() bool {
+		_, err := sess.Exec(ctx, []string{"true"}, sandbox.ExecOptions{Timeout: execTimeout})
+		_, gone := expiring.Info(ctx)
+		return err == nil && errors.Is(gone, sandbox.ErrSessionNotFound)
+	}) {
+		t.Errorf("the session of ttl_seconds 1 was not reaped within 5 s of its expiry (ReapInterval 100ms)")
+	}
+	if err := sb.DestroySession(ctx, sess.ID()); err != nil {
+		t.Errorf("DestroySession: %v", err)
+	}
+	logs := clauseLog(t).String()
+	if logs == "" {
+		t.Fatal("nothing was logged through Config.Logger by a create, execs, a reap and a destroy; Options.Logs says the provider logs through it")
+	}
+	for line := range strings.Lines(logs) {
+		for _, secret := range secrets {
+			if strings.Contains(line, secret) {
+				t.Errorf("a log line shows an env value: %q; env values are secrets and never appear in logs", line)
+			}
+		}
+	}
 }
 
 // cwd is workspace-relative ("" is the workspace itself), must stay inside

@@ -27,6 +27,8 @@ func (s *suite) fileClauses() []clause {
 		{"Directory", s.testFilesDirectory},
 		{"PutOverDirectory", s.testFilesPutOverDirectory},
 		{"Unreadable", s.testFilesUnreadable},
+		{"DanglingSymlink", s.testFilesDanglingSymlink},
+		{"PermissionDenied", s.testFilesPermissionDenied},
 		{"BadPaths", s.testFilesBadPaths},
 		{"Escapes", s.testFilesEscapes},
 		{"SymlinkEscapes", s.testFilesSymlinkEscapes},
@@ -132,7 +134,7 @@ func (s *suite) testFilesDirectory(t *testing.T) {
 	mustPut(t, ctx, sess, "d/f", []byte("f"))
 	for _, p := range []string{"d", "d/", ".", sess.WorkspacePath()} {
 		_, err := sess.GetFile(ctx, p)
-		wantPlain(t, err, "GetFile("+strconv.Quote(p)+") of a directory")
+		wantPlainPath(t, err, p, "GetFile("+strconv.Quote(p)+") of a directory")
 	}
 }
 
@@ -142,7 +144,7 @@ func (s *suite) testFilesPutOverDirectory(t *testing.T) {
 	_, sess := s.fresh(t, nil)
 	mustPut(t, ctx, sess, "d/f", []byte("kept"))
 	err := sess.PutFile(ctx, "d", []byte("over"))
-	wantPlain(t, err, "PutFile onto a directory")
+	wantPlainPath(t, err, "d", "PutFile onto a directory")
 	if got := mustGet(t, ctx, sess, "d/f"); string(got) != "kept" {
 		t.Errorf("GetFile(d/f) after a PutFile onto d = %q; want \"kept\": a failed PutFile changes nothing", got)
 	}
@@ -155,15 +157,44 @@ func (s *suite) testFilesUnreadable(t *testing.T) {
 	_, sess := s.fresh(t, nil)
 	mustSh(t, ctx, sess, "mkfifo fifo && ln -s loop loop")
 	unreadable := map[string]string{"fifo": "a FIFO", "loop": "a symlink loop"}
-	if strings.TrimSpace(mustSh(t, ctx, sess, "id -u")) != "0" {
-		mustSh(t, ctx, sess, "printf secret > locked && chmod 000 locked")
-		unreadable["locked"] = "a file without read permission"
-	}
 	for p, what := range unreadable {
 		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		_, err := sess.GetFile(fctx, p)
 		cancel()
-		wantPlain(t, err, "GetFile("+strconv.Quote(p)+") of "+what)
+		wantPlainPath(t, err, p, "GetFile("+strconv.Quote(p)+") of "+what)
+	}
+}
+
+// GetFile of a symlink whose target, inside the workspace, does not exist
+// is a plain *SandboxError naming the path: something (the link) exists
+// there, and FileNotFoundError is for where nothing exists, and only then.
+func (s *suite) testFilesDanglingSymlink(t *testing.T) {
+	ctx := testContext(t)
+	_, sess := s.fresh(t, nil)
+	mustSh(t, ctx, sess, "mkdir d && ln -s missing-target dangling && ln -s ../missing-target d/dangling")
+	for _, p := range []string{"dangling", "d/dangling", path.Join(sess.WorkspacePath(), "dangling")} {
+		_, err := sess.GetFile(ctx, p)
+		wantPlainPath(t, err, p, "GetFile("+strconv.Quote(p)+") of a symlink to a missing file in the workspace")
+	}
+}
+
+// GetFile of a file the session's user may not read, or below a directory
+// it may not search, is a plain *SandboxError naming the path: a
+// permission error is a real fault, never reported as a missing file. A
+// session whose user reads a file of mode 000 anyway (root) cannot show it.
+func (s *suite) testFilesPermissionDenied(t *testing.T) {
+	ctx := testContext(t)
+	_, sess := s.fresh(t, nil)
+	mustSh(t, ctx, sess, "printf secret > locked && mkdir closed && printf secret > closed/f && chmod 000 locked closed")
+	// Give the workspace back its modes, so that its removal at destroy
+	// does not depend on the user bypassing them.
+	defer sess.Exec(ctx, []string{"chmod", "755", "closed"}, sandbox.ExecOptions{Timeout: execTimeout})
+	if res := run(t, ctx, sess, sandbox.ExecOptions{}, "cat", "locked"); res.ExitCode == 0 {
+		t.Skip("the session's user reads a file of mode 000 (it bypasses permissions, as root does): no permission error can be made")
+	}
+	for p, what := range map[string]string{"locked": "a file without read permission", "closed/f": "a file below a directory without search permission"} {
+		_, err := sess.GetFile(ctx, p)
+		wantPlainPath(t, err, p, "GetFile("+strconv.Quote(p)+") of "+what)
 	}
 }
 
@@ -173,14 +204,14 @@ func (s *suite) testFilesBadPaths(t *testing.T) {
 	_, sess := s.fresh(t, nil)
 	for _, p := range []string{"", "a\x00b"} {
 		_, err := sess.GetFile(ctx, p)
-		wantPlain(t, err, "GetFile("+strconv.Quote(p)+")")
+		wantPlainPath(t, err, p, "GetFile("+strconv.Quote(p)+")")
 		err = sess.PutFile(ctx, p, []byte("x"))
-		wantPlain(t, err, "PutFile("+strconv.Quote(p)+")")
+		wantPlainPath(t, err, p, "PutFile("+strconv.Quote(p)+")")
 	}
 	// A trailing slash names a directory: PutFile refuses it rather than
 	// write a file under the name without the slash.
 	err := sess.PutFile(ctx, "d/", []byte("x"))
-	wantPlain(t, err, `PutFile("d/")`)
+	wantPlainPath(t, err, "d/", `PutFile("d/")`)
 	if exists(t, ctx, sess, "d") {
 		t.Errorf(`PutFile("d/") wrote something at "d"; a path naming a directory must not be written as a file`)
 	}
@@ -206,12 +237,12 @@ func (s *suite) testFilesEscapes(t *testing.T) {
 	}
 	for _, p := range escapes {
 		data, err := sess.GetFile(ctx, p)
-		wantPlain(t, err, "GetFile("+strconv.Quote(p)+"), outside the workspace")
+		wantPlainPath(t, err, p, "GetFile("+strconv.Quote(p)+"), outside the workspace")
 		if bytes.Contains(data, []byte("outside")) {
 			t.Errorf("GetFile(%q) read the file outside the workspace", p)
 		}
 		err = sess.PutFile(ctx, p, []byte("written"))
-		wantPlain(t, err, "PutFile("+strconv.Quote(p)+"), outside the workspace")
+		wantPlainPath(t, err, p, "PutFile("+strconv.Quote(p)+"), outside the workspace")
 	}
 	switch {
 	case planted:
@@ -226,9 +257,9 @@ func (s *suite) testFilesEscapes(t *testing.T) {
 	}
 	dir, hostFile := hostTempFile(t)
 	_, err := sess.GetFile(ctx, hostFile)
-	wantPlain(t, err, "GetFile of an absolute host path outside the workspace")
+	wantPlainPath(t, err, hostFile, "GetFile of an absolute host path outside the workspace")
 	err = sess.PutFile(ctx, filepath.Join(dir, "new.txt"), []byte("x"))
-	wantPlain(t, err, "PutFile of an absolute host path outside the workspace")
+	wantPlainPath(t, err, filepath.Join(dir, "new.txt"), "PutFile of an absolute host path outside the workspace")
 	wantNoHostFile(t, filepath.Join(dir, "new.txt"))
 }
 
@@ -265,11 +296,11 @@ func (s *suite) testFilesSymlinkEscapes(t *testing.T) {
 	mustSh(t, ctx, sess, `ln -s "$1" link && ln -s "$2" escape`, shPath, path.Dir(shPath))
 	for _, p := range []string{"link", "escape/" + path.Base(shPath)} {
 		_, err := sess.GetFile(ctx, p)
-		wantPlain(t, err, "GetFile("+strconv.Quote(p)+") through a symlink leading out of the workspace")
+		wantPlainPath(t, err, p, "GetFile("+strconv.Quote(p)+") through a symlink leading out of the workspace")
 	}
 	name := "tai42-escape-" + rand.Text()[:8]
 	err := sess.PutFile(ctx, "escape/"+name, []byte("x"))
-	wantPlain(t, err, "PutFile through a symlink leading out of the workspace")
+	wantPlainPath(t, err, "escape/"+name, "PutFile through a symlink leading out of the workspace")
 	if p := path.Join(path.Dir(shPath), name); exists(t, ctx, sess, p) {
 		t.Errorf("PutFile through the symlink escape created %s, outside the workspace", p)
 	}
@@ -280,10 +311,10 @@ func (s *suite) testFilesSymlinkEscapes(t *testing.T) {
 	mustSh(t, ctx, sess, `ln -s "$1" hostdir && ln -s "$2" hostfile`, dir, hostFile)
 	for _, p := range []string{"hostdir/host.txt", "hostfile"} {
 		_, err := sess.GetFile(ctx, p)
-		wantPlain(t, err, "GetFile("+strconv.Quote(p)+") through a symlink to the host")
+		wantPlainPath(t, err, p, "GetFile("+strconv.Quote(p)+") through a symlink to the host")
 	}
 	err = sess.PutFile(ctx, "hostdir/new.txt", []byte("x"))
-	wantPlain(t, err, "PutFile through a symlink to a host directory")
+	wantPlainPath(t, err, "hostdir/new.txt", "PutFile through a symlink to a host directory")
 	wantNoHostFile(t, filepath.Join(dir, "new.txt"))
 	// PutFile onto the symlink itself may replace the link, but never the
 	// host file it points to.

@@ -108,7 +108,7 @@ func (s *suite) testStreamFilesOpenErrors(t *testing.T) {
 	}
 	mustPut(t, ctx, sess, "d/f", []byte("f"))
 	_, _, err = fs.OpenFile(ctx, "d")
-	wantPlain(t, err, "OpenFile of a directory")
+	wantPlainPath(t, err, "d", "OpenFile of a directory")
 	_, _, err = fs.OpenFile(ctx, "")
 	wantPlain(t, err, "OpenFile of an empty path")
 }
@@ -120,8 +120,8 @@ func (s *suite) testStreamFilesEscapes(t *testing.T) {
 	_, fs := s.streamer(t)
 	for _, p := range []string{"../escape.txt", "a/../../escape.txt"} {
 		err := fs.PutFileFrom(ctx, p, strings.NewReader("x"))
-		wantPlain(t, err, "PutFileFrom("+p+")")
+		wantPlainPath(t, err, p, "PutFileFrom("+p+")")
 		_, _, err = fs.OpenFile(ctx, p)
-		wantPlain(t, err, "OpenFile("+p+")")
+		wantPlainPath(t, err, p, "OpenFile("+p+")")
 	}
 }

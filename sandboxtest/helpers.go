@@ -7,8 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,11 +48,51 @@ func cleanupContext() (context.Context, context.CancelFunc) {
 // guarded against hanging and panicking.
 func (s *suite) newSandbox(t *testing.T, cfg Config) sandbox.Sandbox {
 	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = clauseLog(t).logger
+	}
 	sb := s.factory(t, cfg)
 	if sb == nil {
 		t.Fatal("the Factory returned a nil Sandbox")
 	}
 	return &guardedSandbox{g: guard{t}, sb: sb}
+}
+
+// logBuffer holds every line the sandboxes of one clause logged.
+type logBuffer struct {
+	logger *slog.Logger
+	mu     sync.Mutex
+	buf    bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String is everything logged so far.
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+var clauseLogs sync.Map // *testing.T -> *logBuffer
+
+// clauseLog is the log of t's clause, into which every sandbox the clause
+// makes logs, at every level.
+func clauseLog(t *testing.T) *logBuffer {
+	if b, ok := clauseLogs.Load(t); ok {
+		return b.(*logBuffer)
+	}
+	b := &logBuffer{}
+	b.logger = slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	if prev, loaded := clauseLogs.LoadOrStore(t, b); loaded {
+		return prev.(*logBuffer)
+	}
+	t.Cleanup(func() { clauseLogs.Delete(t) })
+	return b
 }
 
 // spec returns the suite's default spec (an ephemeral session of the
@@ -199,6 +242,28 @@ func wantPlain(t *testing.T, err error, what string) {
 		if errors.Is(err, k) {
 			t.Errorf("%s: got %q, which matches %v; want a plain *sandbox.SandboxError carrying the real failure", what, err, k)
 		}
+	}
+}
+
+// wantPlainPath is wantPlain for a file operation on p: the message must
+// also name p, so that a person can tell which path failed.
+func wantPlainPath(t *testing.T, err error, p, what string) {
+	t.Helper()
+	wantPlain(t, err, what)
+	wantNamesPath(t, err, p, what)
+}
+
+// wantNamesPath fails unless err's message names p, as given or quoted (a
+// path holding a control character shows quoted). An empty path has
+// nothing to name.
+func wantNamesPath(t *testing.T, err error, p, what string) {
+	t.Helper()
+	if err == nil || p == "" {
+		return
+	}
+	msg, q := err.Error(), strconv.Quote(p)
+	if !strings.Contains(msg, p) && !strings.Contains(msg, q[1:len(q)-1]) {
+		t.Errorf("%s: the message %q does not name the path %q; every file error names the path it was given", what, msg, p)
 	}
 }
 

@@ -26,6 +26,9 @@ func (s *suite) restart(t *testing.T, cfg Config, crash bool, use func(sb sandbo
 	if s.opts.Restartable == nil {
 		t.Skip("Options.Restartable is nil: the provider under test gives no way to start it again on the same state")
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = clauseLog(t).logger
+	}
 	raw, again := s.opts.Restartable(t, cfg)
 	if raw == nil || again == nil {
 		t.Fatal("Options.Restartable returned a nil Sandbox or restart function")

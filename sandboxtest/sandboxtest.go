@@ -1,6 +1,7 @@
 package sandboxtest
 
 import (
+	"log/slog"
 	"os"
 	"sync"
 	"testing"
@@ -17,6 +18,11 @@ type Config struct {
 	// provider's default. The suite asks for a long one (1h) where Reap
 	// results must be exact, and a short one (100ms) to test the reaper.
 	ReapInterval time.Duration
+	// Logger is the logger the sandbox logs through (at every level, debug
+	// included); the factory passes it to the provider's constructor. The
+	// suite reads what it receives to check that no env value reaches a
+	// log line.
+	Logger *slog.Logger
 }
 
 // Factory returns a fresh sandbox for cfg. It registers its own cleanup with
@@ -49,6 +55,10 @@ type Options struct {
 	// KillStopsLeftovers is the documented behaviour that Kill on a handle
 	// whose command already exited also ends the processes it left running.
 	KillStopsLeftovers bool
+	// Logs: the factories pass Config.Logger to the provider, whose every
+	// log line goes through it; the suite then checks those lines for
+	// secrets. Otherwise that clause skips.
+	Logs bool
 	// Restartable, when set, makes a fresh sandbox for cfg as the Factory
 	// does, and a function that starts it again on the same state, as a
 	// daemon started again would see it: after the sandbox was closed

@@ -3,7 +3,9 @@ package sandboxtest
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +21,7 @@ func (s *suite) specClauses() []clause {
 		{"NetworkNone", s.testNetworkNone},
 		{"MemoryCap", s.testMemoryCap},
 		{"CPUCap", s.testCPUCap},
+		{"CPUCapThrottles", s.testCPUCapThrottles},
 	}
 }
 
@@ -232,5 +235,66 @@ func (s *suite) testCPUCap(t *testing.T) {
 	_, sess := s.fresh(t, func(sp *sandbox.SessionSpec) { sp.CPU = 0.5 })
 	if res := run(t, ctx, sess, sandbox.ExecOptions{}, "echo", "ok"); res != (sandbox.ExecResult{Stdout: "ok\n"}) {
 		t.Errorf("Exec(echo ok) under cpu 0.5 = %+v; want exit 0 and \"ok\"", res)
+	}
+}
+
+// spin is a shell that keeps a CPU busy for wall seconds of wall time (read
+// from /proc/uptime, in hundredths, with builtins only), then prints the
+// CPU time it got, in clock ticks (utime+stime of /proc/self/stat; Linux
+// reports them at USER_HZ, 100 a second).
+func spin(wall int) []string {
+	return shArgv(fmt.Sprintf(`read u _ </proc/uptime; n=${u%%.*}${u#*.}; e=$((n+%d))
+while [ "$n" -lt "$e" ]; do
+	i=0; while [ $i -lt 200 ]; do i=$((i+1)); done
+	read u _ </proc/uptime; n=${u%%.*}${u#*.}
+done
+read -r st </proc/$$/stat; set -- ${st#*) }; echo $((${12}+${13}))`, wall*100))
+}
+
+// A CPU cap is applied, not only accepted: a command spinning for 1 s of
+// wall time under cpu 0.25 gets at most half a second of CPU, while the same
+// command in an uncapped session, run alongside as a control, gets more.
+func (s *suite) testCPUCapThrottles(t *testing.T) {
+	if !s.opts.Caps {
+		t.Skip("Options.Caps is false: the provider enforces no caps")
+	}
+	ctx := testContext(t)
+	sb, capped := s.fresh(t, func(sp *sandbox.SessionSpec) { sp.CPU = 0.25 })
+	control := s.newSession(t, sb, nil)
+	ticks := func(sess sandbox.Session) (int, error) {
+		res, err := sess.Exec(ctx, spin(1), sandbox.ExecOptions{Timeout: execTimeout})
+		if err != nil {
+			return 0, err
+		}
+		if res.ExitCode != 0 {
+			return 0, fmt.Errorf("exit code %d, stderr %q", res.ExitCode, res.Stderr)
+		}
+		return strconv.Atoi(strings.TrimSpace(res.Stdout))
+	}
+	// A loaded machine may starve the control too; a few rounds give it
+	// its chance to show that the measure works.
+	for round := 1; ; round++ {
+		var (
+			wg           sync.WaitGroup
+			cappedTicks  int
+			cappedErr    error
+			controlTicks int
+			controlErr   error
+		)
+		wg.Go(func() { cappedTicks, cappedErr = ticks(capped) })
+		wg.Go(func() { controlTicks, controlErr = ticks(control) })
+		wg.Wait()
+		if cappedErr != nil || controlErr != nil {
+			t.Fatalf("spinning for 1 s: under cpu 0.25: %v; uncapped: %v", cappedErr, controlErr)
+		}
+		if cappedTicks > 50 {
+			t.Fatalf("a command spinning for 1 s of wall time under cpu 0.25 got %.2f s of CPU (uncapped alongside: %.2f s); want at most 0.5 s: the cap is not applied", float64(cappedTicks)/100, float64(controlTicks)/100)
+		}
+		if controlTicks > 50 && controlTicks > 2*cappedTicks {
+			return
+		}
+		if round == 3 {
+			t.Skipf("the uncapped control got only %.2f s of CPU in 1 s of wall time (capped: %.2f s), three times: the machine is too loaded to tell a cap", float64(controlTicks)/100, float64(cappedTicks)/100)
+		}
 	}
 }

@@ -29,7 +29,7 @@ func filePath(r *http.Request) (string, error) {
 	case len(vals) > 1:
 		return "", api.Transportf(api.KindBadRequest, "the %q query parameter must be given once", api.QueryPath)
 	case strings.IndexByte(vals[0], 0) >= 0:
-		return "", api.Transportf(api.KindBadRequest, "the %q query parameter contains a NUL byte", api.QueryPath)
+		return "", api.Transportf(api.KindBadRequest, "the %q query parameter %q contains a NUL byte", api.QueryPath, vals[0])
 	}
 	return vals[0], nil
 }

@@ -244,6 +244,7 @@ func RestartableAgent(rt, agent string) func(t *testing.T, cfg sandboxtest.Confi
 			opts.AgentBinary = agent
 		}
 		opts.ReapInterval = cfg.ReapInterval
+		opts.Logger = cfg.Logger
 		n := restartSeq.Add(1)
 		k := byte(os.Getpid() % 250)
 		opts.Network = nil
@@ -285,7 +286,8 @@ func RestartableAgent(rt, agent string) func(t *testing.T, cfg sandboxtest.Confi
 	}
 }
 
-// SuiteOptions are the conformance suite's options for image.
+// SuiteOptions are the conformance suite's options for image. They say
+// Logs: the factory must pass Config.Logger to the provider.
 func SuiteOptions(image string) sandboxtest.Options {
 	return sandboxtest.Options{
 		Image:              image,
@@ -294,6 +296,7 @@ func SuiteOptions(image string) sandboxtest.Options {
 		Durable:            true,
 		Caps:               true,
 		KillStopsLeftovers: true,
+		Logs:               true,
 	}
 }
 

@@ -28,6 +28,7 @@ func Options(t testing.TB) sandboxtest.Options {
 		Durable:                         true,
 		AbsoluteOutsideWorkspaceRefused: true,
 		KillStopsLeftovers:              true,
+		Logs:                            true,
 	}
 	if os.Geteuid() == 0 {
 		opts.Networks = append(opts.Networks, sandbox.NetworkNone)
@@ -38,7 +39,7 @@ func Options(t testing.TB) sandboxtest.Options {
 	return opts
 }
 
-// New builds a host runner with cfg's policy and reap interval in a
+// New builds a host runner with cfg's policy, reap interval and logger in a
 // temporary state directory, with a durable ledger there; it is closed
 // (every session destroyed) at cleanup.
 func New(t testing.TB, cfg sandboxtest.Config) *kit.Sandbox {
@@ -73,7 +74,7 @@ func open(t testing.TB, cfg sandboxtest.Config, dir string) *kit.Sandbox {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb, err := host.New(host.Options{StateDir: dir, Policy: cfg.Policy, ReapInterval: cfg.ReapInterval, Ledger: l})
+	sb, err := host.New(host.Options{StateDir: dir, Policy: cfg.Policy, ReapInterval: cfg.ReapInterval, Ledger: l, Logger: cfg.Logger})
 	if err != nil {
 		l.Close()
 		t.Fatal(err)

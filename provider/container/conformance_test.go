@@ -26,6 +26,7 @@ func TestConformance(t *testing.T) {
 				sandboxtest.Run(t, func(t *testing.T, c sandboxtest.Config) sandbox.Sandbox {
 					opts := containersuite.Options(t, rt, c.Policy)
 					opts.ReapInterval = c.ReapInterval
+					opts.Logger = c.Logger
 					return containersuite.New(t, opts)
 				}, so)
 			})

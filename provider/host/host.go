@@ -42,7 +42,8 @@
 // ends the processes of every session whose lock is free (its process was
 // killed), removes those sessions but the ones its ledger keeps, and makes
 // the kept ones again around their workspaces: execs that were running are
-// gone. Without a writable cgroup v2 hierarchy, a killed runner's
+// gone. Without a writable cgroup v2 hierarchy (a tai42-host group made by
+// another user, e.g. by an earlier run as root, is not writable), a killed runner's
 // processes cannot be found and are left running (the log says so).
 // Sessions of another live process on the same state directory are left
 // alone.

@@ -84,7 +84,7 @@ func (p *provider) Recover(ctx context.Context, keep []kit.Kept) ([]kit.Recovere
 		held[id] = l
 	}
 	if p.trackErr != nil && len(ids) > 0 {
-		p.log().Warn("host: processes of sessions an earlier run left cannot be found and are left running: there is no cgroup v2 hierarchy to track them",
+		p.log().Warn("host: processes of sessions an earlier run left cannot be found and are left running: their processes are not tracked (no writable cgroup v2 hierarchy)",
 			"reason", p.trackErr.Error())
 	}
 	var errs []error

@@ -54,6 +54,12 @@ func findTracker() (*tracker, error) {
 	if err := os.Mkdir(t.parent, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("cannot make the tracking cgroup %s: %w", t.parent, err)
 	}
+	// A parent made by another user (a root runner before an unprivileged
+	// one) exists but may not take this user's session groups: every
+	// create would then fail, so say so here and run untracked instead.
+	if err := unix.Access(t.parent, unix.W_OK|unix.X_OK); err != nil {
+		return nil, fmt.Errorf("cannot make session groups in the tracking cgroup %s: %w", t.parent, err)
+	}
 	return t, nil
 }
 
