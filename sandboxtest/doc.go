@@ -35,7 +35,7 @@
 //
 // Run runs one named subtest per clause of the contract, grouped as
 // Sandbox/..., Spec/..., Session/..., Durability/..., Exec/..., ExecStart/...,
-// Files/..., FileStream/..., Workspaces/... (for a sandbox that is a
+// Cancel/..., Files/..., FileStream/..., Workspaces/... (for a sandbox that is a
 // [sandbox.WorkspaceManager]) and Restart/... (the last needs
 // [Options.Restartable]: a persistent workspace survives a restart, and
 // live sessions survive the death of the sandbox's process) (for example Exec/Timeout or ExecStart/KillDuringRun), so
@@ -45,6 +45,12 @@
 // are parallel subtests, so they run after the calling test function returns
 // and finish before that test completes: release shared resources with
 // t.Cleanup, not after Run returns.
+//
+// A call that gives up because its context ended (Exec, Next, WriteStdin,
+// ...) must fail with an error of the contract's family that wraps ctx.Err():
+// errors.Is matches both sandbox.ErrSandbox and context.DeadlineExceeded (or
+// context.Canceled), never sandbox.ErrExecTimeout; the Cancel clauses check
+// it.
 //
 // Every call the suite makes is bounded by a context deadline. A call that
 // does not return within a few seconds of its context ending fails the clause
