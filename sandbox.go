@@ -10,7 +10,11 @@ import (
 // reaps expired ones. The app core depends only on this interface.
 //
 // All methods are safe for concurrent use. ctx bounds each call, never a
-// session's life.
+// session's life. A call of this package's interfaces that gives up because
+// its ctx ended (an exec is then killed) returns a *SandboxError that wraps
+// ctx.Err(): errors.Is matches both ErrSandbox and context.Canceled or
+// context.DeadlineExceeded, and never ErrExecTimeout, which is the exec's
+// own timeout.
 type Sandbox interface {
 	// CreateSession creates a session from spec, or rejects it with a
 	// *SpecRejectedError that names the field and the rule.
@@ -137,7 +141,9 @@ type ExecHandle interface {
 	// item; a failure of the exec itself (such as stdin input accepted that
 	// the exec never got) ends it with a *SandboxError. Once the stream has
 	// ended with an error, Next returns that error again. A done ctx returns
-	// ctx.Err() and leaves the stream where it was.
+	// a *SandboxError that wraps ctx.Err() (errors.Is matches both
+	// ErrSandbox and the context's error) and leaves the stream where it
+	// was.
 	Next(ctx context.Context) (StreamItem, error)
 	// Kill terminates the exec. Once it returns, Next ends promptly and
 	// reports no timeout, even past the deadline: the output the provider

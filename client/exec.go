@@ -491,12 +491,13 @@ func controlFrame(typ string, id uint64) []byte {
 // one without it a *sandbox.SandboxError saying the status could not be
 // read.
 //
-// A done ctx returns ctx.Err() and leaves the stream where it was. Next is
+// A done ctx returns a *sandbox.SandboxError that matches ctx.Err() with
+// errors.Is, and leaves the stream where it was. Next is
 // for one reader at a time; it is safe concurrently with every other method.
 func (h *handle) Next(ctx context.Context) (sandbox.StreamItem, error) {
 	for {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return nil, ctxErr("output", err)
 		}
 		h.mu.Lock()
 		if len(h.items) > 0 {
@@ -517,7 +518,7 @@ func (h *handle) Next(ctx context.Context) (sandbox.StreamItem, error) {
 		select {
 		case <-h.notify:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, ctxErr("output", ctx.Err())
 		}
 	}
 }

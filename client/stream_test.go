@@ -540,8 +540,8 @@ func TestKillConcurrent(t *testing.T) {
 	}
 }
 
-// A Next whose context ends returns ctx.Err() and leaves the stream where
-// it was.
+// A Next whose context ends returns a *SandboxError matching ctx.Err() and
+// leaves the stream where it was.
 func TestNextContext(t *testing.T) {
 	h := startFake(t, false, func(p *wsPeer) {
 		id, ok := waitKill(p)
@@ -555,8 +555,8 @@ func TestNextContext(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
-	if _, err := h.Next(ctx); err != context.DeadlineExceeded {
-		t.Errorf("Next past its deadline: %v; want context.DeadlineExceeded", err)
+	if _, err := h.Next(ctx); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, sandbox.ErrSandbox) {
+		t.Errorf("Next past its deadline: %T %v; want a *sandbox.SandboxError matching context.DeadlineExceeded", err, err)
 	}
 	kill(t, h, 5*time.Second)
 	stdout, _, exit, err := readAll(t, h, 5*time.Second)

@@ -479,7 +479,7 @@ func (s *Sandbox) destroyOnce(ctx context.Context, ss *session) (first bool, err
 		case <-ss.gone:
 			return false, ss.destroyErr
 		case <-ctx.Done():
-			return false, ctx.Err()
+			return false, sandbox.WrapError("destroy_session", "gave up waiting for the destroy already under way", ctx.Err())
 		}
 	}
 	ss.destroying = true

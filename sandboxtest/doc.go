@@ -35,7 +35,7 @@
 //
 // Run runs one named subtest per clause of the contract, grouped as
 // Sandbox/..., Spec/..., Session/..., Durability/..., Exec/..., ExecStart/...,
-// Files/..., FileStream/..., Workspaces/... (for a sandbox that is a
+// Cancel/..., Files/..., FileStream/..., Workspaces/... (for a sandbox that is a
 // [sandbox.WorkspaceManager]) and Restart/... (the last needs
 // [Options.Restartable]: a persistent workspace survives a restart, and
 // live sessions survive the death of the sandbox's process) (for example Exec/Timeout or ExecStart/KillDuringRun), so
@@ -49,6 +49,12 @@
 // CLAUSES.md, beside this package's source, lists every clause with what
 // it proves (the doc comment of the function that runs it); a test of this
 // package keeps it in step with the source.
+//
+// A call that gives up because its context ended (Exec, Next, WriteStdin,
+// ...) must fail with an error of the contract's family that wraps ctx.Err():
+// errors.Is matches both sandbox.ErrSandbox and context.DeadlineExceeded (or
+// context.Canceled), never sandbox.ErrExecTimeout; the Cancel clauses check
+// it.
 //
 // Every call the suite makes is bounded by a context deadline. A call that
 // does not return within a few seconds of its context ending fails the clause

@@ -21,6 +21,7 @@ func (s *suite) execClauses() []clause {
 		{"BadTimeout", s.testExecBadTimeout},
 		{"EmptyArgv", s.testExecEmptyArgv},
 		{"Timeout", s.testExecTimeout},
+		{"TimeoutHeldOutput", s.testExecTimeoutHeld},
 		{"Env", s.testExecEnv},
 		{"SecretsNotInErrors", s.testExecSecretsNotInErrors},
 		{"SecretsNotInLogs", s.testExecSecretsNotInLogs},
@@ -148,6 +149,47 @@ func (s *suite) testExecTimeout(t *testing.T) {
 	}
 	wantTimeout(t, err, timeout, len(secret), 2, "Exec(sh -c 'printf <secret>; printf de >&2; sleep 30')")
 	noSecret(t, "the ExecTimeoutError", err, secret)
+}
+
+// A timeout whose output a process outside the exec's process group (setsid)
+// still holds after the kill says so in its Note, and counts the output
+// received up to the stop; a provider that ends that process too owes no
+// note.
+func (s *suite) testExecTimeoutHeld(t *testing.T) {
+	ctx := testContext(t)
+	_, sess := s.fresh(t, nil)
+	if res := run(t, ctx, sess, sandbox.ExecOptions{}, shArgv("command -v setsid")...); res.ExitCode != 0 {
+		t.Skip("the session has no setsid to start a process outside the exec's process group")
+	}
+	const timeout = time.Second
+	_, err := sess.Exec(ctx, shArgv(`setsid sleep 30 & echo $! > held.pid; printf x; sleep 30`), sandbox.ExecOptions{Timeout: timeout})
+	pid := ""
+	if b, gerr := sess.GetFile(ctx, "held.pid"); gerr == nil {
+		pid = strings.TrimSpace(string(b))
+	}
+	if _, aerr := strconv.Atoi(pid); aerr != nil {
+		t.Fatalf("held.pid holds %q; want the pid of the process started with setsid", pid)
+	}
+	held := alive(t, ctx, sess, pid)
+	t.Cleanup(func() {
+		ctx, cancel := cleanupContext()
+		defer cancel()
+		sess.Exec(ctx, []string{"kill", "-9", pid}, sandbox.ExecOptions{Timeout: execTimeout})
+	})
+	const what = "Exec(sh -c 'setsid sleep 30 & printf x; sleep 30') past its timeout"
+	if !wantKind(t, err, sandbox.ErrExecTimeout, what) {
+		return
+	}
+	var te *sandbox.ExecTimeoutError
+	if !errors.As(err, &te) {
+		t.Fatalf("%s: %q does not convert to *sandbox.ExecTimeoutError", what, err)
+	}
+	if te.StdoutLen != 1 || te.StderrLen != 0 {
+		t.Errorf("%s: lengths stdout %d, stderr %d; want 1 and 0, the output received", what, te.StdoutLen, te.StderrLen)
+	}
+	if held && te.Note == "" {
+		t.Errorf("%s: the process %s started with setsid still runs, holding the output, and the ExecTimeoutError %q has no Note; when a process the command started holds the output after the kill, the note says so", what, pid, err)
+	}
 }
 
 // wantTimeout fails unless err is an *ExecTimeoutError with these fields.

@@ -116,6 +116,7 @@ func Run(t *testing.T, newSandbox Factory, opts Options) {
 		{"Durability", s.durabilityClauses()},
 		{"Exec", s.execClauses()},
 		{"ExecStart", s.streamClauses()},
+		{"Cancel", s.cancelClauses()},
 		{"Files", s.fileClauses()},
 		{"FileStream", s.fileStreamClauses()},
 		{"Restart", s.restartClauses()},

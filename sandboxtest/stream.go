@@ -25,7 +25,10 @@ func (s *suite) streamClauses() []clause {
 		{"StdinLargeWrite", s.testStreamStdinLarge},
 		{"CloseStdin", s.testStreamCloseStdin},
 		{"WriteAfterExit", s.testStreamWriteAfterExit},
+		{"WriteRacingExit", s.testStreamWriteRacingExit},
+		{"WritersAtomic", s.testStreamWritersAtomic},
 		{"Timeout", s.testStreamTimeout},
+		{"TimeoutLengths", s.testStreamTimeoutLengths},
 		{"KillBeforeRead", s.testKillBeforeRead},
 		{"KillDuringRun", s.testKillDuringRun},
 		{"KillPastDeadline", s.testKillPastDeadline},
@@ -189,6 +192,84 @@ func (s *suite) testStreamWriteAfterExit(t *testing.T) {
 	}
 }
 
+// A WriteStdin under way when the exec exits (8 MiB into `head -c1`, which
+// reads one byte and exits) returns nil or a *SandboxError, never the
+// operating system's broken-pipe error: once the exec has exited,
+// write_stdin raises a typed SandboxError.
+func (s *suite) testStreamWriteRacingExit(t *testing.T) {
+	ctx := testContext(t)
+	_, sess := s.fresh(t, nil)
+	r := start(t, ctx, sess, sandbox.StartOptions{}, "head", "-c1")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.drain(ctx, execTimeout)
+	}()
+	if err := r.h.WriteStdin(ctx, make([]byte, 8<<20)); err != nil {
+		wantKind(t, err, sandbox.ErrSandbox, "WriteStdin of 8 MiB into head -c1, which exits after one byte (nil, or a *sandbox.SandboxError, never a raw operating-system error)")
+	}
+	<-done
+	r.wantExit(0, "head -c1 exits 0 after one byte")
+	if len(r.stdout) != 1 {
+		t.Errorf("head -c1 wrote %d bytes; want the 1 byte it read", len(r.stdout))
+	}
+}
+
+// WriteStdin calls from two goroutines at once each arrive whole: a call is
+// atomic with respect to the other calls on the handle, so the echo of two
+// writers of 16 KiB blocks is a sequence of whole blocks, each writer's in
+// order.
+func (s *suite) testStreamWritersAtomic(t *testing.T) {
+	ctx := testContext(t)
+	_, sess := s.fresh(t, nil)
+	const (
+		size    = 16 << 10
+		writers = 2
+		blocks  = 64
+	)
+	block := func(w, i int) []byte {
+		b := bytes.Repeat([]byte{byte('a' + w)}, size)
+		copy(b, fmt.Appendf(nil, "writer %d block %06d\n", w, i))
+		b[size-1] = '\n'
+		return b
+	}
+	r := start(t, ctx, sess, sandbox.StartOptions{Timeout: 30 * time.Second}, "cat")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.drain(ctx, 30*time.Second)
+	}()
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range blocks {
+				if err := r.h.WriteStdin(ctx, block(w, i)); err != nil {
+					t.Errorf("WriteStdin of block %d by writer %d: %v", i, w, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := r.h.CloseStdin(ctx); err != nil {
+		t.Errorf("CloseStdin: %v", err)
+	}
+	<-done
+	r.wantExit(0, "cat exits 0 at end of input")
+	if len(r.stdout) != writers*blocks*size {
+		t.Fatalf("cat echoed %d bytes; want the %d bytes of %d writers' %d blocks of %d bytes", len(r.stdout), writers*blocks*size, writers, blocks, size)
+	}
+	var next [writers]int
+	for off := 0; off < len(r.stdout); off += size {
+		got := r.stdout[off : off+size]
+		w := int(got[len("writer ")] - '0')
+		if w < 0 || w >= writers || next[w] >= blocks || !bytes.Equal(got, block(w, next[w])) {
+			t.Fatalf("the echo at offset %d is %.40q…, not a whole block of one writer in its order; a WriteStdin call is never split by another's bytes", off, got)
+		}
+		next[w]++
+	}
+}
+
 // On timeout the stream yields the output received, then an
 // *ExecTimeoutError with the exact lengths, which Next keeps returning.
 func (s *suite) testStreamTimeout(t *testing.T) {
@@ -215,6 +296,46 @@ func (s *suite) testStreamTimeout(t *testing.T) {
 	wantTimeout(t, again, timeout, len(secret), 2, "Next after the ExecTimeoutError")
 	if err := r.h.Kill(ctx); err != nil {
 		t.Errorf("Kill after the timeout killed the exec: %v; once the exec has exited Kill never fails", err)
+	}
+}
+
+// The lengths in the ExecTimeoutError of an exec writing without end count
+// every byte of its output, the pipes drained after the kill: they equal the
+// bytes the stream yielded before the error. A slow reader keeps the pipes
+// full at the deadline, so lengths taken then fall short.
+func (s *suite) testStreamTimeoutLengths(t *testing.T) {
+	ctx := testContext(t)
+	_, sess := s.fresh(t, nil)
+	const timeout = time.Second
+	h := start(t, ctx, sess, sandbox.StartOptions{Timeout: timeout}, shArgv("cat /dev/zero >&2 & exec cat /dev/zero")...).h
+	var lens [2]int64
+	var err error
+	for {
+		var item sandbox.StreamItem
+		if item, err = h.Next(ctx); err != nil {
+			break
+		}
+		c, ok := item.(*sandbox.StreamChunk)
+		if !ok {
+			t.Fatalf("the stream of sh -c 'cat /dev/zero >&2 & exec cat /dev/zero' yielded %#v; want chunks until an *ExecTimeoutError", item)
+		}
+		if c.Stream == sandbox.Stderr {
+			lens[1] += int64(len(c.Data))
+		} else {
+			lens[0] += int64(len(c.Data))
+		}
+		sleepCtx(ctx, 2*time.Millisecond) // a slow reader: the output backs up
+	}
+	var te *sandbox.ExecTimeoutError
+	if !errors.As(err, &te) {
+		t.Fatalf("the stream of an exec writing without end ended with %v; want an *ExecTimeoutError after %v", err, timeout)
+	}
+	if te.Note != "" {
+		t.Errorf("ExecTimeoutError.Note = %q; no process here leaves the exec's process group to hold its output", te.Note)
+	}
+	if te.StdoutLen != lens[0] || te.StderrLen != lens[1] {
+		t.Errorf("ExecTimeoutError lengths stdout %d, stderr %d; the stream yielded %d and %d before it: the lengths count every byte, the pipes drained after the kill",
+			te.StdoutLen, te.StderrLen, lens[0], lens[1])
 	}
 }
 

@@ -162,7 +162,9 @@ func (s *Stream) clearTimeout() {
 }
 
 // Next is the handle's Next: the next chunk, then the exit (or the error
-// that ended the exec), then io.EOF.
+// that ended the exec), then io.EOF. A done ctx returns a
+// *sandbox.SandboxError that wraps ctx.Err() and leaves the stream where it
+// was.
 func (s *Stream) Next(ctx context.Context) (sandbox.StreamItem, error) {
 	for {
 		s.mu.Lock()
@@ -191,7 +193,7 @@ func (s *Stream) Next(ctx context.Context) (sandbox.StreamItem, error) {
 		select {
 		case <-s.notify:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, sandbox.WrapError("output", "gave up waiting for the exec's output; the stream is where it was", ctx.Err())
 		}
 	}
 }

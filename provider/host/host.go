@@ -108,8 +108,7 @@ type Options struct {
 
 // New returns the host runner wrapped by the kit.
 func New(opts Options) (*kit.Sandbox, error) {
-	defaultSignalsForCommands()
-	p, err := newProvider(opts)
+	p, err := NewProvider(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -137,6 +136,20 @@ type provider struct {
 	netPool  *netnsPool
 	devNull  *os.File // stdin of an exec given no input
 	hostPath string   // PATH for execs
+}
+
+// NewProvider returns the host runner's [kit.Provider] for opts, not yet
+// wrapped by the kit: for a caller that composes it (a test wrapping it to
+// inject faults) before [kit.New]. The kit closes it. Options that belong
+// to the kit (Policy, ExecDefaultTimeout, ReapInterval, Logger, Ledger) are
+// New's to pass on.
+func NewProvider(opts Options) (kit.Provider, error) {
+	defaultSignalsForCommands()
+	p, err := newProvider(opts)
+	if err != nil {
+		return nil, err // not a nil *provider in a non-nil interface
+	}
+	return p, nil
 }
 
 func newProvider(opts Options) (*provider, error) {
