@@ -25,6 +25,7 @@ func (s *suite) streamClauses() []clause {
 		{"StdinLargeWrite", s.testStreamStdinLarge},
 		{"CloseStdin", s.testStreamCloseStdin},
 		{"WriteAfterExit", s.testStreamWriteAfterExit},
+		{"WriteAfterClose", s.testStreamWriteAfterClose},
 		{"Timeout", s.testStreamTimeout},
 		{"KillBeforeRead", s.testKillBeforeRead},
 		{"KillDuringRun", s.testKillDuringRun},
@@ -186,6 +187,29 @@ func (s *suite) testStreamWriteAfterExit(t *testing.T) {
 	}
 	if err := r.h.Kill(ctx); err != nil {
 		t.Errorf("Kill after the exec exited: %v; once the exec has exited Kill never fails", err)
+	}
+}
+
+// Once CloseStdin has returned, a WriteStdin while the exec still runs is
+// input the exec never gets: it fails with a *SandboxError, or, if
+// accepted, the stream ends with a *SandboxError, never silently dropped.
+func (s *suite) testStreamWriteAfterClose(t *testing.T) {
+	ctx := testContext(t)
+	_, sess := s.fresh(t, nil)
+	r := start(t, ctx, sess, sandbox.StartOptions{}, "sleep", "30")
+	if err := r.h.CloseStdin(ctx); err != nil {
+		t.Fatalf("CloseStdin: %v", err)
+	}
+	err := r.h.WriteStdin(ctx, []byte("late\n"))
+	if err != nil {
+		wantKind(t, err, sandbox.ErrSandbox, "WriteStdin after CloseStdin")
+	}
+	if kerr := r.h.Kill(ctx); kerr != nil {
+		t.Fatalf("Kill of a running exec: %v", kerr)
+	}
+	r.drain(ctx, killPrompt)
+	if err == nil && r.err == nil {
+		t.Errorf("WriteStdin after CloseStdin returned nil and the stream ended with %+v; input the exec never gets is refused with a *SandboxError, or ends the stream with one", r.exit)
 	}
 }
 
