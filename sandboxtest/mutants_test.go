@@ -97,6 +97,24 @@ var mutants = []mutant{
 				return res, err
 			}}
 		}), nil},
+	{"exec-output-limit-stdout-len", "OutputLimitError.StdoutLen is one less than the bytes received", []string{"Exec/OutputLimit"},
+		execErr(func(err error) error {
+			if ol, ok := errors.AsType[*sandbox.OutputLimitError](err); ok {
+				c := *ol
+				c.StdoutLen--
+				return &c
+			}
+			return err
+		}), nil},
+	{"exec-output-limit-stderr-len", "OutputLimitError.StderrLen is one more than the bytes received", []string{"Exec/OutputLimit"},
+		execErr(func(err error) error {
+			if ol, ok := errors.AsType[*sandbox.OutputLimitError](err); ok {
+				c := *ol
+				c.StderrLen++
+				return &c
+			}
+			return err
+		}), nil},
 	{"exec-bad-timeout-defaulted", "a timeout of 0 or less is taken as 20s, not refused", []string{"Exec/BadTimeout"},
 		sessions(func(s sandbox.Session) sandbox.Session {
 			return &hookedSession{Session: s,
@@ -370,6 +388,18 @@ var mutants = []mutant{
 				}
 				return nil
 			}}
+		}), nil},
+	{"write-after-close-nil", "WriteStdin after CloseStdin returns nil, the input silently dropped", []string{"ExecStart/WriteAfterClose"},
+		handles(func(h sandbox.ExecHandle) sandbox.ExecHandle {
+			var closed atomic.Bool
+			return &hookedHandle{ExecHandle: h,
+				closeStdin: func(ctx context.Context) error { closed.Store(true); return h.CloseStdin(ctx) },
+				writeStdin: func(ctx context.Context, data []byte) error {
+					if closed.Load() {
+						return nil
+					}
+					return h.WriteStdin(ctx, data)
+				}}
 		}), nil},
 	{"write-stdin-dropped", "WriteStdin returns nil without delivering anything", []string{"ExecStart/(StdinConcurrent|StdinLargeWrite)"},
 		handles(func(h sandbox.ExecHandle) sandbox.ExecHandle {
