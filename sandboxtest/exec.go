@@ -2,6 +2,7 @@ package sandboxtest
 
 import (
 	"errors"
+	"fmt"
 	"path"
 	"strconv"
 	"strings"
@@ -425,7 +426,8 @@ func (s *suite) testExecLeftoverChild(t *testing.T) {
 }
 
 // Output beyond what the provider holds in memory fails Exec with an
-// *OutputLimitError carrying the lengths; it is never silently truncated.
+// *OutputLimitError carrying the lengths received, exact when the output
+// stops past the limit; it is never silently truncated.
 func (s *suite) testExecOutputLimit(t *testing.T) {
 	ctx := testContext(t)
 	_, sess := s.fresh(t, nil)
@@ -448,6 +450,18 @@ func (s *suite) testExecOutputLimit(t *testing.T) {
 	}
 	if ol.StdoutLen <= 0 || ol.StdoutLen < ol.Limit {
 		t.Errorf("%s: OutputLimitError{Limit: %d, StdoutLen: %d}; want the stdout length received, past the limit", what, ol.Limit, ol.StdoutLen)
+	}
+	// An output that stops one byte past the limit, the command then
+	// waiting: every byte was received, so the lengths are exact.
+	_, err = sess.Exec(ctx, shArgv(`printf abc >&2; head -c "$1" /dev/zero; sleep 30`, strconv.FormatInt(ol.Limit+1, 10)), sandbox.ExecOptions{Timeout: 30 * time.Second})
+	limitWhat := fmt.Sprintf("Exec of 3 bytes of stderr, then %d bytes of stdout (one past the limit)", ol.Limit+1)
+	if wantKind(t, err, sandbox.ErrOutputLimit, limitWhat) {
+		if !errors.As(err, &ol) {
+			t.Fatalf("%s: %q does not convert to *sandbox.OutputLimitError", limitWhat, err)
+		}
+		if ol.StdoutLen != ol.Limit+1 || ol.StderrLen != 3 {
+			t.Errorf("%s: OutputLimitError lengths stdout %d, stderr %d; want %d and 3, every byte received", limitWhat, ol.StdoutLen, ol.StderrLen, ol.Limit+1)
+		}
 	}
 	if res := run(t, ctx, sess, sandbox.ExecOptions{}, "echo", "ok"); res.Stdout != "ok\n" {
 		t.Errorf("Exec(echo ok) after an output-limit failure = %+v; the session stays usable", res)

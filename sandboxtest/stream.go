@@ -27,6 +27,7 @@ func (s *suite) streamClauses() []clause {
 		{"WriteAfterExit", s.testStreamWriteAfterExit},
 		{"WriteRacingExit", s.testStreamWriteRacingExit},
 		{"WritersAtomic", s.testStreamWritersAtomic},
+		{"WriteAfterClose", s.testStreamWriteAfterClose},
 		{"Timeout", s.testStreamTimeout},
 		{"TimeoutLengths", s.testStreamTimeoutLengths},
 		{"KillBeforeRead", s.testKillBeforeRead},
@@ -267,6 +268,29 @@ func (s *suite) testStreamWritersAtomic(t *testing.T) {
 			t.Fatalf("the echo at offset %d is %.40q…, not a whole block of one writer in its order; a WriteStdin call is never split by another's bytes", off, got)
 		}
 		next[w]++
+	}
+}
+
+// Once CloseStdin has returned, a WriteStdin while the exec still runs is
+// input the exec never gets: it fails with a *SandboxError, or, if
+// accepted, the stream ends with a *SandboxError, never silently dropped.
+func (s *suite) testStreamWriteAfterClose(t *testing.T) {
+	ctx := testContext(t)
+	_, sess := s.fresh(t, nil)
+	r := start(t, ctx, sess, sandbox.StartOptions{}, "sleep", "30")
+	if err := r.h.CloseStdin(ctx); err != nil {
+		t.Fatalf("CloseStdin: %v", err)
+	}
+	err := r.h.WriteStdin(ctx, []byte("late\n"))
+	if err != nil {
+		wantKind(t, err, sandbox.ErrSandbox, "WriteStdin after CloseStdin")
+	}
+	if kerr := r.h.Kill(ctx); kerr != nil {
+		t.Fatalf("Kill of a running exec: %v", kerr)
+	}
+	r.drain(ctx, killPrompt)
+	if err == nil && r.err == nil {
+		t.Errorf("WriteStdin after CloseStdin returned nil and the stream ended with %+v; input the exec never gets is refused with a *SandboxError, or ends the stream with one", r.exit)
 	}
 }
 
