@@ -45,6 +45,11 @@ type mutant struct {
 	config func(sandboxtest.Config) sandboxtest.Config
 }
 
+// asNobody are the mutants whose clauses run as hostsuite.Nobody, in a
+// child of their own and against a control of their own: root reads a
+// file of mode 000, so as root (CI) Files/PermissionDenied skips.
+var asNobody = map[string]bool{"permission-not-found": true}
+
 // wrapCfg are the wraps, by mutant name, of bugs that need the Config the
 // host runner was made with (its Logger); such a mutant has no wrap.
 var wrapCfg = map[string]func(sandbox.Sandbox, sandboxtest.Config) sandbox.Sandbox{
@@ -824,14 +829,7 @@ var mutants = []mutant{
 			return err
 		}), nil},
 	{"secret-in-log", "every exec logs its env values, on the provider's logger", []string{"Exec/SecretsNotInLogs"}, nil, nil},
-}
-
-// pendingMutants are bugs TestMutants does not run, each with the reason:
-// the clause that would kill it cannot run here, or cannot tell reliably.
-var pendingMutants = []mutant{
-	// Files/PermissionDenied kills it, but only as a user that permissions
-	// stop: TestMutants runs as root in CI, where the clause skips; the
-	// host runner's TestUnprivileged runs that clause as nobody.
+	// Run as Nobody (see asNobody): permissions stop root only there.
 	{"permission-not-found", "a permission failure is reported as a FileNotFoundError", []string{"Files/PermissionDenied"},
 		getFileErr(func(p string, err error) error {
 			if errors.Is(err, os.ErrPermission) || (err != nil && strings.Contains(err.Error(), "permission denied")) {
@@ -839,6 +837,11 @@ var pendingMutants = []mutant{
 			}
 			return err
 		}), nil},
+}
+
+// pendingMutants are bugs TestMutants does not run, each with the reason:
+// the clause that would kill it cannot run here, or cannot tell reliably.
+var pendingMutants = []mutant{
 	// Spec/CPUCapThrottles kills it on a quiet machine, but skips as too
 	// loaded to tell when two children spin beside it on two cores: a kill
 	// that depends on the load would make this test flaky.
@@ -885,16 +888,26 @@ func TestMutants(t *testing.T) {
 	if _, err := os.Stat(os.Args[0]); err != nil {
 		t.Fatalf("cannot re-run the test binary %s for the mutants: %v", os.Args[0], err)
 	}
-	var all []string
+	var all, allNobody []string
 	for _, m := range mutants {
 		if len(m.clauses) == 0 || (m.wrap == nil && m.config == nil && wrapCfg[m.name] == nil) {
 			t.Fatalf("mutant %s: it needs clauses and a wrap or config", m.name)
 		}
+		list := &all
+		if asNobody[m.name] {
+			list = &allNobody
+		}
 		for _, c := range m.clauses {
-			if !slices.Contains(all, c) {
-				all = append(all, c)
+			if !slices.Contains(*list, c) {
+				*list = append(*list, c)
 			}
 		}
+	}
+	if len(allNobody) > 0 && os.Geteuid() != 0 {
+		// Already unprivileged: those clauses run as this user.
+		all = append(all, allNobody...)
+		allNobody = nil
+		clear(asNobody)
 	}
 	ctx := t.Context()
 	if d, ok := t.Deadline(); ok {
@@ -905,11 +918,12 @@ func TestMutants(t *testing.T) {
 	type job struct {
 		name    string
 		clauses []string
+		nobody  bool
 		res     childResult
 	}
-	jobs := []*job{{name: controlName, clauses: all}}
+	jobs := []*job{{name: controlName, clauses: all}, {name: controlName, clauses: allNobody, nobody: true}}
 	for _, m := range mutants {
-		jobs = append(jobs, &job{name: m.name, clauses: m.clauses})
+		jobs = append(jobs, &job{name: m.name, clauses: m.clauses, nobody: asNobody[m.name]})
 	}
 	begin := time.Now()
 	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
@@ -918,26 +932,31 @@ func TestMutants(t *testing.T) {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			j.res = runMutantChild(ctx, j.name, j.clauses)
+			if len(j.clauses) > 0 {
+				j.res = runMutantChild(t, ctx, j.name, j.clauses, j.nobody)
+			}
 		})
 	}
 	wg.Wait()
 	total := time.Since(begin)
 
-	control := jobs[0].res
-	if control.err != nil && len(control.failed()) == 0 {
-		t.Fatalf("the control run (the real host runner) could not run: %v\n%s", control.err, control.tail())
+	controls := map[bool]childResult{false: jobs[0].res, true: jobs[1].res}
+	for nobody, control := range controls {
+		if control.err != nil && len(control.failed()) == 0 {
+			t.Fatalf("the control run (the real host runner; as nobody: %v) could not run: %v\n%s", nobody, control.err, control.tail())
+		}
+		for _, c := range control.failed() {
+			t.Errorf("the clause %s fails on the real host runner (the control run; as nobody: %v); it cannot kill a mutant:\n%s", c, nobody, control.tail())
+		}
 	}
-	for _, c := range control.failed() {
-		t.Errorf("the clause %s fails on the real host runner (the control run); it cannot kill a mutant:\n%s", c, control.tail())
-	}
+	control := controls[false]
 	var summary strings.Builder
 	fmt.Fprintf(&summary, "%-28s %-8s %7s  %s\n", "MUTANT", "RESULT", "TIME", "CLAUSES (killed by)")
 	killed := 0
-	for _, j := range jobs[1:] {
+	for _, j := range jobs[2:] {
 		var by []string
 		for _, c := range j.res.failed() {
-			if control.status[c] == "PASS" {
+			if controls[j.nobody].status[c] == "PASS" {
 				by = append(by, c)
 			}
 		}
@@ -1015,18 +1034,21 @@ func (r childResult) tail() string {
 var resultLine = regexp.MustCompile(`^\s*--- (PASS|FAIL|SKIP): TestMutants/([^/\s]+/[^/\s]+) \(`)
 
 // runMutantChild runs this test binary again on the clauses with mutantEnv
-// set to name.
-func runMutantChild(ctx context.Context, name string, clauses []string) childResult {
+// set to name, as hostsuite.Nobody when nobody is set.
+func runMutantChild(t *testing.T, ctx context.Context, name string, clauses []string, nobody bool) childResult {
 	var alts []string
 	for _, c := range clauses {
 		group, clause, _ := strings.Cut(c, "/")
 		alts = append(alts, "^TestMutants$/^"+group+"$/^"+clause+"$")
 	}
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run="+strings.Join(alts, "|"), "-test.v", "-test.count=1", "-test.timeout=5m")
+	cmd := exec.Command(os.Args[0], "-test.run="+strings.Join(alts, "|"), "-test.v", "-test.count=1", "-test.timeout=5m")
 	cmd.Env = append(os.Environ(), mutantEnv+"="+name)
+	if nobody {
+		hostsuite.AsNobody(t, cmd)
+	}
 	cmd.WaitDelay = 10 * time.Second
 	begin := time.Now()
-	out, err := cmd.CombinedOutput()
+	out, err := hostsuite.CombinedOutput(ctx, cmd)
 	r := childResult{status: map[string]string{}, out: out, err: err, took: time.Since(begin)}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)

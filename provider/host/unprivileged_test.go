@@ -2,18 +2,14 @@ package host_test
 
 import (
 	"context"
-	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
-)
 
-// nobody is the uid and gid the unprivileged run takes.
-const nobody = 65534
+	"github.com/tai42/sandbox/internal/hostsuite"
+)
 
 // TestUnprivileged runs the host runner's conformance suite again as
 // nobody, when this test runs as root (as CI does): the runner is also
@@ -32,35 +28,13 @@ func TestUnprivileged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A directory of its own outside t.TempDir (0700, root's): nobody
-	// must reach the binary and own its home.
-	dir, err := os.MkdirTemp("", "tai42-host-nobody-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	home := filepath.Join(dir, "home")
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Mkdir(home, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(home, nobody, nobody); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "host.test")
-	copyExecutable(t, self, bin)
-
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "-test.run=^TestConformance$", "-test.count=1", "-test.v")
-	cmd.Dir = home
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "TMPDIR=" + home}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
-	out, err := cmd.CombinedOutput()
+	cmd := exec.Command(self, "-test.run=^TestConformance$", "-test.count=1", "-test.v")
+	hostsuite.AsNobody(t, cmd)
+	out, err := hostsuite.CombinedOutput(ctx, cmd)
 	if err != nil {
-		t.Fatalf("the conformance suite as uid %d failed: %v\n%s", nobody, err, failures(out))
+		t.Fatalf("the conformance suite as uid %d failed: %v\n%s", hostsuite.Nobody, err, failures(out))
 	}
 	// What the unprivileged run skipped: only what needs root (network
 	// none, caps).
@@ -83,24 +57,4 @@ func failures(out []byte) string {
 		}
 	}
 	return b.String()
-}
-
-func copyExecutable(t *testing.T, src, dst string) {
-	t.Helper()
-	in, err := os.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		t.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		t.Fatal(err)
-	}
 }
