@@ -508,6 +508,11 @@ func waitExpired(t *testing.T, ctx context.Context, sessions ...sandbox.Session)
 	var last time.Time
 	for _, sess := range sessions {
 		info, err := sess.Info(ctx)
+		if errors.Is(err, sandbox.ErrSessionNotFound) {
+			// Expired already, on a machine slow enough that the calls
+			// before took its whole life: what this waits for.
+			continue
+		}
 		if err != nil {
 			t.Fatalf("Info of a live session: %v", err)
 		}
