@@ -164,26 +164,26 @@ func TestAdoptAfterCrash(t *testing.T) {
 	// before the crash), egress gets out, masqueraded; no tier reaches the
 	// host.
 	a, b, e := adopted["sb-int-a"], adopted["sb-int-b"], adopted["sb-egr"]
-	if from := reach(t, "adopted internal b -> adopted internal a", b.Path(), srvA.addr); from != b.Addr() {
+	if from := reach(t, "adopted internal b -> adopted internal a", b.Path(), srvA.Addr); from != b.Addr() {
 		t.Errorf("a saw b come from %s, want %s", from, b.Addr())
 	}
 	up := newUpstream(t, cfg.Prefix, cfg.EgressSubnet)
 	if from := reach(t, "adopted egress -> public", e.Path(), up.Hosts[sessnettest.Public].TCP.Addr); from != up.HostAddr {
 		t.Errorf("the public host saw the egress session come from %s, want the host's %s", from, up.HostAddr)
 	}
-	refusedFast(t, "adopted egress -> outside, a host network", e.Path(), out.srv.addr)
+	refusedFast(t, "adopted egress -> outside, a host network", e.Path(), out.srv.Addr)
 	hostLo := serve(t, "", netip.MustParseAddr("127.0.0.1"))
 	intGW := serve(t, "", a.Gateway())
 	egrGW := serve(t, "", e.Gateway())
-	for _, s := range []*server{hostLo, intGW, egrGW} {
-		reach(t, "host -> its own listener (control)", "", s.addr)
+	for _, s := range []*sessnettest.Server{hostLo, intGW, egrGW} {
+		reach(t, "host -> its own listener (control)", "", s.Addr)
 	}
-	unreachable(t, "adopted internal -> host loopback", a.Path(), hostLo.addr)
-	unreachable(t, "adopted internal -> its bridge address", a.Path(), intGW.addr)
-	unreachable(t, "adopted internal -> outside", a.Path(), out.srv.addr)
-	unreachable(t, "adopted egress -> its gateway", e.Path(), egrGW.addr)
-	unreachable(t, "adopted egress -> an internal session", e.Path(), srvA.addr)
-	unreachable(t, "adopted none -> host loopback", adopted["sb-none"].Path(), hostLo.addr)
+	unreachable(t, "adopted internal -> host loopback", a.Path(), hostLo.Addr)
+	unreachable(t, "adopted internal -> its bridge address", a.Path(), intGW.Addr)
+	unreachable(t, "adopted internal -> outside", a.Path(), out.srv.Addr)
+	unreachable(t, "adopted egress -> its gateway", e.Path(), egrGW.Addr)
+	unreachable(t, "adopted egress -> an internal session", e.Path(), srvA.Addr)
+	unreachable(t, "adopted none -> host loopback", adopted["sb-none"].Path(), hostLo.Addr)
 
 	// New sessions get fresh addresses and join the same bridges; the
 	// adopted ids are taken.
@@ -196,7 +196,7 @@ func TestAdoptAfterCrash(t *testing.T) {
 		}
 	}
 	c := setup(t, m, "sb-int-c", sandbox.NetworkInternal)
-	if from := reach(t, "new internal -> adopted internal", c.Path(), srvA.addr); from != c.Addr() {
+	if from := reach(t, "new internal -> adopted internal", c.Path(), srvA.Addr); from != c.Addr() {
 		t.Errorf("a saw c come from %s, want %s", from, c.Addr())
 	}
 	if _, err := m.Setup(context.Background(), "sb-int-a", sandbox.NetworkInternal); err == nil || !strings.Contains(err.Error(), "already has a network") {
@@ -352,12 +352,12 @@ func TestAdoptRemakesInfra(t *testing.T) {
 		}
 	}
 	srv := serve(t, a.Path(), a.Addr())
-	if from := reach(t, "adopted internal b -> adopted internal a, on the remade bridge", b.Path(), srv.addr); from != b.Addr() {
+	if from := reach(t, "adopted internal b -> adopted internal a, on the remade bridge", b.Path(), srv.Addr); from != b.Addr() {
 		t.Errorf("a saw b come from %s", from)
 	}
 	gw := serve(t, "", a.Gateway())
-	reach(t, "host -> bridge address (control)", "", gw.addr)
-	unreachable(t, "adopted internal -> the remade bridge's address", b.Path(), gw.addr)
+	reach(t, "host -> bridge address (control)", "", gw.Addr)
+	unreachable(t, "adopted internal -> the remade bridge's address", b.Path(), gw.Addr)
 
 	if err := m.Close(); err != nil {
 		t.Fatal(err)

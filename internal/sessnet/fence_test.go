@@ -120,9 +120,9 @@ func TestFencesBuiltin(t *testing.T) {
 	// The router's own address is on a network of the host's (the link's
 	// subnet): refused as such, like the host's other networks.
 	router := serve(t, sessnettest.Path(up.NS), up.RouterAddr)
-	reach(t, "host -> router (control)", "", router.addr)
+	reach(t, "host -> router (control)", "", router.Addr)
 	before := blocked(t, m)[ReasonHostNetwork]
-	refusedFast(t, "egress -> a host network", e.Path(), router.addr)
+	refusedFast(t, "egress -> a host network", e.Path(), router.Addr)
 	if got := blocked(t, m)[ReasonHostNetwork]; got != before+1 {
 		t.Errorf("host_network counter went from %d to %d, want +1", before, got)
 	}
@@ -144,9 +144,9 @@ func TestFencesBuiltin(t *testing.T) {
 		t.Fatal(err)
 	}
 	late := serve(t, sessnettest.Path(up.NS), extra.Addr().Next().Next())
-	reach(t, "host -> router's new address (control)", "", late.addr)
+	reach(t, "host -> router's new address (control)", "", late.Addr)
 	waitFor(t, "the new host network to be fenced", func() bool {
-		_, err := dial(t, e.Path(), late.addr, blockTimeout)
+		_, err := dial(t, e.Path(), late.Addr, blockTimeout)
 		return err != nil && strings.Contains(err.Error(), "refused")
 	})
 
@@ -188,7 +188,7 @@ func TestFencesOperator(t *testing.T) {
 		t.Fatalf("SetFences: %v", err)
 	}
 	reach(t, "egress -> public both allowed and denied", e.Path(), pub.TCP.Addr)
-	unreachable(t, "egress -> its gateway, all allowed", e.Path(), gw.addr)
+	unreachable(t, "egress -> its gateway, all allowed", e.Path(), gw.Addr)
 
 	if err := m.SetFences(Fences{}); err != nil {
 		t.Fatalf("SetFences: %v", err)
@@ -322,8 +322,8 @@ func TestFencesResolver(t *testing.T) {
 	}
 	udpEchoes(t, "egress -> gateway:53, to the resolver", e.Path(), netip.AddrPortFrom(gw, dnsPort))
 	other := serve(t, "", gw)
-	reach(t, "host -> gateway listener (control)", "", other.addr)
-	unreachable(t, "egress -> another port of the gateway", e.Path(), other.addr)
+	reach(t, "host -> gateway listener (control)", "", other.Addr)
+	unreachable(t, "egress -> another port of the gateway", e.Path(), other.Addr)
 	unreachable(t, "egress -> TCP 53 of the gateway (no TCP resolver here)", e.Path(), netip.AddrPortFrom(gw, dnsPort))
 	if err := m.SetFences(Fences{}); err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package sessnet
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -118,17 +117,9 @@ func inNS(t testing.TB, path string, fn func() error) error {
 
 func inNSFile(ns *os.File, fn func() error) error { return nsthread.InNetNS(ns, fn) }
 
-// server is a TCP server that answers each connection with the address it
-// saw the connection come from, then closes it.
-type server struct {
-	ln   net.Listener
-	addr netip.AddrPort
-	wg   sync.WaitGroup
-}
-
 // serve starts a server listening on addr (port 0: any), in the namespace
 // at nsPath, or the host's when nsPath is "". Stopped at the end of t.
-func serve(t testing.TB, nsPath string, addr netip.Addr) *server {
+func serve(t testing.TB, nsPath string, addr netip.Addr) *sessnettest.Server {
 	t.Helper()
 	var ln net.Listener
 	listen := func() error {
@@ -145,58 +136,24 @@ func serve(t testing.TB, nsPath string, addr netip.Addr) *server {
 	if err != nil {
 		t.Fatalf("listening on %s (namespace %q): %v", addr, nsPath, err)
 	}
-	return startServer(t, ln)
-}
-
-func startServer(t testing.TB, ln net.Listener) *server {
-	s := &server{ln: ln, addr: netip.MustParseAddrPort(ln.Addr().String())}
-	s.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s.wg.Go(func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(5 * time.Second))
-				fmt.Fprintf(c, "%s\n", netip.MustParseAddrPort(c.RemoteAddr().String()).Addr())
-			})
-		}
-	})
-	t.Cleanup(func() {
-		ln.Close()
-		s.wg.Wait()
-	})
-	return s
+	return sessnettest.Serve(t, ln)
 }
 
 // dial connects to to from the namespace at nsPath ("" for the host's) and
 // returns the source address the server saw.
-func dial(t testing.TB, nsPath string, to netip.AddrPort, timeout time.Duration) (netip.Addr, error) {
+func dial(t testing.TB, nsPath string, to netip.AddrPort, timeout time.Duration) (from netip.Addr, err error) {
 	t.Helper()
-	var c net.Conn
-	d := net.Dialer{Timeout: timeout}
 	connect := func() error {
-		var err error
-		c, err = d.Dial("tcp4", to.String())
+		from, err = sessnettest.Dial(to, timeout)
 		return err
 	}
-	var err error
 	if nsPath == "" {
-		err = connect()
-	} else {
-		err = inNS(t, nsPath, connect)
+		return from, connect()
 	}
-	if err != nil {
-		return netip.Addr{}, err
+	if nerr := inNS(t, nsPath, connect); nerr != nil && err == nil {
+		return from, nerr
 	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("connected, but reading the answer: %w", err)
-	}
-	return netip.ParseAddr(strings.TrimSpace(line))
+	return from, err
 }
 
 // reach checks that a connection from nsPath to to gets through; it returns
@@ -233,7 +190,7 @@ func unreachable(t testing.TB, what, nsPath string, to netip.AddrPort) {
 type outside struct {
 	hostAddr netip.Addr // the host's side of the veth
 	addr     netip.Addr // the outside host's own address
-	srv      *server
+	srv      *sessnettest.Server
 	hostLink string
 	ns       *netns
 }
@@ -288,9 +245,9 @@ func newOutside(t testing.TB, prefix string) *outside {
 	if err != nil {
 		t.Fatalf("outside server: %v", err)
 	}
-	o.srv = startServer(t, ln)
+	o.srv = sessnettest.Serve(t, ln)
 	// Control: the host itself reaches the outside host.
-	if _, err := dial(t, "", o.srv.addr, 5*time.Second); err != nil {
+	if _, err := dial(t, "", o.srv.Addr, 5*time.Second); err != nil {
 		t.Fatalf("the host cannot reach its own outside test host: %v", err)
 	}
 	return o

@@ -330,7 +330,7 @@ func TestConcurrentSetups(t *testing.T) {
 	}
 	// Two of them talk.
 	srv := serve(t, ints[0].Path(), ints[0].Addr())
-	if from := reach(t, "internal -> internal", ints[len(ints)-1].Path(), srv.addr); from != ints[len(ints)-1].Addr() {
+	if from := reach(t, "internal -> internal", ints[len(ints)-1].Path(), srv.Addr); from != ints[len(ints)-1].Addr() {
 		t.Errorf("the server saw %s", from)
 	}
 	for i := range n {
@@ -462,8 +462,8 @@ func TestSelfHeal(t *testing.T) {
 		t.Fatalf("the table was not put back: %v", left)
 	}
 	bridge := serve(t, "", a.Gateway())
-	reach(t, "host -> bridge address (control)", "", bridge.addr)
-	unreachable(t, "internal -> bridge address, after the table came back", b.Path(), bridge.addr)
+	reach(t, "host -> bridge address (control)", "", bridge.Addr)
+	unreachable(t, "internal -> bridge address, after the table came back", b.Path(), bridge.Addr)
 
 	if err := netlink.LinkDel(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: m.internal.bridge}}); err != nil {
 		t.Fatalf("deleting the bridge behind the Manager's back: %v", err)
@@ -471,7 +471,7 @@ func TestSelfHeal(t *testing.T) {
 	d := setup(t, m, "sb-heal-d", sandbox.NetworkInternal)
 	e := setup(t, m, "sb-heal-e", sandbox.NetworkInternal)
 	srv := serve(t, d.Path(), d.Addr())
-	reach(t, "internal -> internal, on the remade bridge", e.Path(), srv.addr)
+	reach(t, "internal -> internal, on the remade bridge", e.Path(), srv.Addr)
 }
 
 // TestTableNameTaken: a table of the Manager's name made by someone else

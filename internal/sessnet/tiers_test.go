@@ -32,13 +32,13 @@ func TestNone(t *testing.T) {
 	}
 	// The namespace's own loopback works...
 	local := serve(t, n.Path(), netip.MustParseAddr("127.0.0.1"))
-	if from := reach(t, "none -> its own loopback", n.Path(), local.addr); from != netip.MustParseAddr("127.0.0.1") {
+	if from := reach(t, "none -> its own loopback", n.Path(), local.Addr); from != netip.MustParseAddr("127.0.0.1") {
 		t.Errorf("own loopback: the server saw %s", from)
 	}
 	// ...the host's does not, though the host reaches it (the control).
 	hostLo := serve(t, "", netip.MustParseAddr("127.0.0.1"))
-	reach(t, "host -> host loopback (control)", "", hostLo.addr)
-	unreachable(t, "none -> host loopback", n.Path(), hostLo.addr)
+	reach(t, "host -> host loopback (control)", "", hostLo.Addr)
+	unreachable(t, "none -> host loopback", n.Path(), hostLo.Addr)
 	// The namespace file is a mount of a network namespace.
 	if left, _ := m.Leftovers(); !slices.Contains(left, "mount "+n.Path()) {
 		t.Errorf("Leftovers while set up = %v, want the mount of %s", left, n.Path())
@@ -95,10 +95,10 @@ func TestInternal(t *testing.T) {
 	// addresses.
 	srvA := serve(t, a.Path(), a.Addr())
 	srvB := serve(t, b.Path(), b.Addr())
-	if from := reach(t, "internal b -> internal a", b.Path(), srvA.addr); from != b.Addr() {
+	if from := reach(t, "internal b -> internal a", b.Path(), srvA.Addr); from != b.Addr() {
 		t.Errorf("a saw b's connection come from %s, want %s", from, b.Addr())
 	}
-	if from := reach(t, "internal a -> internal b", a.Path(), srvB.addr); from != a.Addr() {
+	if from := reach(t, "internal a -> internal b", a.Path(), srvB.Addr); from != a.Addr() {
 		t.Errorf("b saw a's connection come from %s, want %s", from, a.Addr())
 	}
 
@@ -107,15 +107,15 @@ func TestInternal(t *testing.T) {
 	hostLo := serve(t, "", netip.MustParseAddr("127.0.0.1"))
 	bridge := serve(t, "", a.Gateway())
 	hostOther := serve(t, "", out.hostAddr)
-	for _, s := range []*server{hostLo, bridge, hostOther} {
-		reach(t, "host -> its own listener (control)", "", s.addr)
+	for _, s := range []*sessnettest.Server{hostLo, bridge, hostOther} {
+		reach(t, "host -> its own listener (control)", "", s.Addr)
 	}
 	var wg sync.WaitGroup
 	for what, to := range map[string]netip.AddrPort{
-		"internal -> host loopback":        hostLo.addr,
-		"internal -> bridge address":       bridge.addr,
-		"internal -> another host address": hostOther.addr,
-		"internal -> outside host":         out.srv.addr,
+		"internal -> host loopback":        hostLo.Addr,
+		"internal -> bridge address":       bridge.Addr,
+		"internal -> another host address": hostOther.Addr,
+		"internal -> outside host":         out.srv.Addr,
 	} {
 		wg.Go(func() { unreachable(t, what, a.Path(), to) })
 	}
@@ -127,8 +127,8 @@ func TestInternal(t *testing.T) {
 	rogue := setup(t, m, "sb-int-rogue", sandbox.NetworkInternal)
 	addRoute(t, rogue.Path(), netip.MustParsePrefix("0.0.0.0/0"), rogue.Gateway())
 	for what, to := range map[string]netip.AddrPort{
-		"internal with a default route -> outside host":         out.srv.addr,
-		"internal with a default route -> another host address": hostOther.addr,
+		"internal with a default route -> outside host":         out.srv.Addr,
+		"internal with a default route -> another host address": hostOther.Addr,
 	} {
 		wg.Go(func() { unreachable(t, what, rogue.Path(), to) })
 	}
@@ -177,7 +177,7 @@ func TestEgress(t *testing.T) {
 	if from := reach(t, "egress -> public", e.Path(), up.Hosts[sessnettest.Public].TCP.Addr); from != up.HostAddr {
 		t.Errorf("the public host saw the connection come from %s, want the host's %s (masquerade)", from, up.HostAddr)
 	}
-	refusedFast(t, "egress -> outside, a host network", e.Path(), out.srv.addr)
+	refusedFast(t, "egress -> outside, a host network", e.Path(), out.srv.Addr)
 
 	hostLo := serve(t, "", netip.MustParseAddr("127.0.0.1"))
 	gateway := serve(t, "", e.Gateway())
@@ -185,15 +185,15 @@ func TestEgress(t *testing.T) {
 	hostOther := serve(t, "", out.hostAddr)
 	intSession := serve(t, i.Path(), i.Addr())
 	egrSession := serve(t, e.Path(), e.Addr())
-	for _, s := range []*server{hostLo, gateway, intBridge, hostOther} {
-		reach(t, "host -> its own listener (control)", "", s.addr)
+	for _, s := range []*sessnettest.Server{hostLo, gateway, intBridge, hostOther} {
+		reach(t, "host -> its own listener (control)", "", s.Addr)
 	}
 	i2 := setup(t, m, "sb-int-2", sandbox.NetworkInternal)
-	reach(t, "internal -> internal session (control)", i2.Path(), intSession.addr)
+	reach(t, "internal -> internal session (control)", i2.Path(), intSession.Addr)
 	// Egress sessions share their bridge but do not reach each other: the
 	// fences refuse their (private) subnet, and their ports are isolated.
 	e2 := setup(t, m, "sb-egr-2", sandbox.NetworkEgress)
-	unreachable(t, "egress -> egress session", e2.Path(), egrSession.addr)
+	unreachable(t, "egress -> egress session", e2.Path(), egrSession.Addr)
 	for _, n := range []*Net{e, e2} {
 		l, err := netlink.LinkByName(n.veth)
 		if err != nil {
@@ -218,13 +218,13 @@ func TestEgress(t *testing.T) {
 		from string
 		to   netip.AddrPort
 	}{
-		{"egress -> host loopback", e.Path(), hostLo.addr},
-		{"egress -> its gateway (the egress bridge address)", e.Path(), gateway.addr},
-		{"egress -> the internal bridge address", e.Path(), intBridge.addr},
-		{"egress -> another host address", e.Path(), hostOther.addr},
-		{"egress -> an internal session", e.Path(), intSession.addr},
-		{"internal -> an egress session", i.Path(), egrSession.addr},
-		{"internal -> outside", i.Path(), out.srv.addr},
+		{"egress -> host loopback", e.Path(), hostLo.Addr},
+		{"egress -> its gateway (the egress bridge address)", e.Path(), gateway.Addr},
+		{"egress -> the internal bridge address", e.Path(), intBridge.Addr},
+		{"egress -> another host address", e.Path(), hostOther.Addr},
+		{"egress -> an internal session", e.Path(), intSession.Addr},
+		{"internal -> an egress session", i.Path(), egrSession.Addr},
+		{"internal -> outside", i.Path(), out.srv.Addr},
 	} {
 		wg.Go(func() { unreachable(t, c.what, c.from, c.to) })
 	}
@@ -233,14 +233,14 @@ func TestEgress(t *testing.T) {
 	// Nothing opens a connection into an egress session, not even an outside
 	// host that routes the egress subnet to the host.
 	addRoute(t, out.ns.fdPath(), m.egress.subnet, out.hostAddr)
-	unreachable(t, "outside, routing to the egress subnet -> egress session", out.ns.fdPath(), egrSession.addr)
+	unreachable(t, "outside, routing to the egress subnet -> egress session", out.ns.fdPath(), egrSession.Addr)
 	egrSink := newUDPSink(t, e.Path(), e.Addr())
 	arrives(t, "host -> egress UDP (control)", "", egrSink)
 	nothingArrives(t, "egress -> egress UDP", e2.Path(), netip.Addr{}, egrSink)
 	nothingArrives(t, "outside, routing to the egress subnet -> egress UDP", out.ns.fdPath(), netip.Addr{}, egrSink)
 	// ...nor into an internal one.
 	addRoute(t, out.ns.fdPath(), m.internal.subnet, out.hostAddr)
-	unreachable(t, "outside, routing to the internal subnet -> internal session", out.ns.fdPath(), intSession.addr)
+	unreachable(t, "outside, routing to the internal subnet -> internal session", out.ns.fdPath(), intSession.Addr)
 
 	// An egress session cannot send as someone else: a source outside its
 	// subnet (here an internal session's address) is dropped, not forwarded
