@@ -32,23 +32,7 @@ func TestDynamicAgent(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T, rt string) {
 		for _, mode := range userNSModes {
 			t.Run("userns-"+string(mode), func(t *testing.T) {
-				opts := containersuite.Options(t, rt, permissive)
-				opts.ReapInterval = -1
-				opts.UserNamespace = mode
-				opts.AgentBinary = agent
-				sb, err := container.New(opts)
-				if err != nil {
-					if mode == container.UserNamespaceOn {
-						t.Skipf("this host cannot run sessions in a user namespace: %v", err)
-					}
-					t.Fatal(err)
-				}
-				t.Cleanup(func() {
-					if err := sb.Close(context.Background()); err != nil {
-						t.Errorf("closing the container sandbox: %v", err)
-					}
-				})
-				p := &testProvider{sb: sb, opts: opts, rt: rt}
+				p := newProviderMode(t, rt, mode, func(o *container.Options) { o.AgentBinary = agent })
 				for _, image := range images {
 					t.Run(imageName(image), func(t *testing.T) { checkDynamicSession(t, p, agent, image) })
 				}

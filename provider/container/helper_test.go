@@ -135,13 +135,16 @@ func newProvider(t testing.TB, rt string) *testProvider {
 }
 
 // newProviderMode makes a provider on runtime rt in user namespace mode
-// mode, closed at the end of t; it skips t when mode is on and the host
-// cannot remap.
-func newProviderMode(t testing.TB, rt string, mode container.UserNamespaceMode) *testProvider {
+// mode, its options changed by set, closed at the end of t; it skips t
+// when mode is on and the host cannot remap.
+func newProviderMode(t testing.TB, rt string, mode container.UserNamespaceMode, set ...func(*container.Options)) *testProvider {
 	t.Helper()
 	opts := containersuite.Options(t, rt, permissive)
 	opts.ReapInterval = -1
 	opts.UserNamespace = mode
+	for _, f := range set {
+		f(&opts)
+	}
 	sb, err := container.New(opts)
 	if err != nil {
 		if mode == container.UserNamespaceOn {
