@@ -658,9 +658,7 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 	}
 	var resolvConf string
 	if req.Spec.Network == sandbox.NetworkEgress {
-		if resolvConf, err = p.writeResolvConf(r.dir); err != nil {
-			return nil, err
-		}
+		resolvConf = p.resolvConf()
 	}
 
 	if r.dirFD, err = unix.Open(r.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {

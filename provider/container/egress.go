@@ -1,6 +1,7 @@
 package container
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -39,6 +40,9 @@ type EgressInfo struct {
 type egress struct {
 	dns *egressdns.Server
 	net atomic.Pointer[sessnet.Manager] // the manager AllowAddrs goes to
+	// resolvConf is the file every egress session gets at /etc/resolv.conf,
+	// bound read-only: one for all, written once at the start.
+	resolvConf string
 }
 
 // operatorFences are the operator's egress fences, as Options gave them
@@ -146,6 +150,10 @@ func (p *provider) startEgress(m *sessnet.Manager) error {
 		p.log.Warn("container: egress sessions get no DNS: their resolver cannot start (give upstreams with --egress-dns)", "err", err)
 		return nil
 	}
+	if e.resolvConf, err = p.writeResolvConf(m.EgressGateway()); err != nil {
+		srv.Close()
+		return err
+	}
 	p.fenceMu.Lock()
 	defer p.fenceMu.Unlock()
 	e.dns = srv
@@ -172,20 +180,36 @@ func (p *provider) closeEgress() error {
 	return p.egress.dns.Close()
 }
 
-// writeResolvConf writes the resolv.conf of an egress session into its
-// bundle dir and returns its path; "" when the provider runs no resolver.
-func (p *provider) writeResolvConf(dir string) (string, error) {
-	if p.egress == nil || p.egress.dns == nil {
-		return "", nil
+// writeResolvConf writes the resolv.conf egress sessions get, naming the
+// gateway (DNS has no port in resolv.conf: the fences redirect port 53 of
+// the gateway to the resolver), and returns its path. A file that already
+// says so is left as it is: sessions an earlier run left bind it. One that
+// says otherwise (the egress subnet changed) is replaced by a rename, so a
+// session binding the old one never reads it half written.
+func (p *provider) writeResolvConf(gw netip.Addr) (string, error) {
+	path := filepath.Join(p.root, "resolv.conf")
+	text := []byte("nameserver " + gw.String() + "\n")
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, text) {
+		return path, nil
 	}
-	path := filepath.Join(dir, "resolv.conf")
-	// The gateway, not the resolver's own port: DNS has no port in
-	// resolv.conf, and the fences redirect port 53 of the gateway to it.
-	text := "nameserver " + p.net.EgressGateway().String() + "\n"
-	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
-		return "", fmt.Errorf("the session's resolv.conf: %w", err)
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, text, 0o644); err != nil {
+		return "", fmt.Errorf("the egress sessions' resolv.conf: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("the egress sessions' resolv.conf: %w", err)
 	}
 	return path, nil
+}
+
+// resolvConf is the file an egress session gets at /etc/resolv.conf; ""
+// when the provider runs no resolver.
+func (p *provider) resolvConf() string {
+	if p.egress == nil || p.egress.dns == nil {
+		return ""
+	}
+	return p.egress.resolvConf
 }
 
 // Egress reports what the provider enforces on network "egress".
