@@ -32,6 +32,23 @@ func requireContainer(t *testing.T) {
 	}
 }
 
+// getPolicy is GET /v1/policy of the daemon at addr, with testToken.
+func getPolicy(t *testing.T, addr string) api.PolicyInfo {
+	t.Helper()
+	req, _ := http.NewRequest("GET", "http://"+addr+"/v1/policy", nil)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var p api.PolicyInfo
+	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
+		t.Fatalf("GET /v1/policy: %v", err)
+	}
+	return p
+}
+
 // runBinary runs bin with args, env and stdin, and returns its stdout,
 // stderr and exit code; t fails when it cannot be run at all.
 func runBinary(t *testing.T, bin string, env []string, stdin string, args ...string) (string, string, int) {
@@ -247,17 +264,7 @@ func TestBinaryContainerReload(t *testing.T) {
 		"--listen", "127.0.0.1:0", "--state-dir", state, "--provider", "container", "--net-prefix", "t42rl", "--config", conf)
 	policy := func() api.PolicyInfo {
 		t.Helper()
-		req, _ := http.NewRequest("GET", "http://"+d.addr+"/v1/policy", nil)
-		req.Header.Set("Authorization", "Bearer "+testToken)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var p api.PolicyInfo
-		if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
-			t.Fatal(err)
-		}
+		p := getPolicy(t, d.addr)
 		if p.EgressFences == nil || !p.EgressFences.Enforced {
 			t.Fatalf("GET /v1/policy on the container provider: fences %+v, want enforced", p.EgressFences)
 		}
@@ -311,16 +318,9 @@ func TestBinaryContainerDisk(t *testing.T) {
 	env := []string{"PATH=" + os.Getenv("PATH"), "TAI42_TOKEN=" + testToken}
 	diskOf := func(d *daemonProc) api.DiskCap {
 		t.Helper()
-		req, _ := http.NewRequest("GET", "http://"+d.addr+"/v1/policy", nil)
-		req.Header.Set("Authorization", "Bearer "+testToken)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var p api.PolicyInfo
-		if err := json.NewDecoder(resp.Body).Decode(&p); err != nil || p.Disk == nil {
-			t.Fatalf("GET /v1/policy: %+v, %v", p, err)
+		p := getPolicy(t, d.addr)
+		if p.Disk == nil {
+			t.Fatalf("GET /v1/policy has no disk: %+v", p)
 		}
 		return *p.Disk
 	}

@@ -6,11 +6,9 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/json"
 	"encoding/pem"
 	"math/big"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -18,8 +16,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/tai42/sandbox/api"
 )
 
 // serving is an in-process "tai42 serve" with a signal channel.
@@ -311,17 +307,7 @@ func TestServeHostSaysNoFences(t *testing.T) {
 			t.Errorf("no %q at start:\n%s", want, s.stderr.String())
 		}
 	}
-	req, _ := http.NewRequest("GET", "http://"+s.addr+"/v1/policy", nil)
-	req.Header.Set("Authorization", "Bearer "+testToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var pol api.PolicyInfo
-	if err := json.NewDecoder(resp.Body).Decode(&pol); err != nil {
-		t.Fatal(err)
-	}
+	pol := getPolicy(t, s.addr)
 	if pol.EgressFences == nil || pol.EgressFences.Enforced || pol.Disk == nil || pol.Disk.Enforced {
 		t.Errorf("GET /v1/policy of the host runner: fences %+v, disk %+v; want both there, not enforced", pol.EgressFences, pol.Disk)
 	}
