@@ -1,0 +1,1 @@
+"""The client of the tai42 daemon: a provider of the sandbox contract."""
