@@ -197,7 +197,7 @@ async def test_unreachable(tmp_path: os.PathLike[str]) -> None:
     with pytest.raises(SandboxError, match=f"cannot reach the daemon at unix:{sock}") as e:
         await sb.connect()
     assert not isinstance(e.value, SandboxTransportError)
-    with pytest.raises(SandboxError, match="cannot reach the daemon at http://127.0.0.1:9"):
+    with pytest.raises(SandboxError, match=r"cannot reach the daemon at http://127\.0\.0\.1:9"):
         async with Tai42Sandbox("http://127.0.0.1:9", "t"):
             pass
 

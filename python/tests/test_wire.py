@@ -173,7 +173,7 @@ def test_result_from_wire_keeps_every_byte() -> None:
     assert r.exit_code == 2
     assert r.stderr == "e"
     assert r.stdout.encode("utf-8", "surrogateescape") == raw
-    with pytest.raises(ValueError, match="base64|Incorrect|Invalid"):
+    with pytest.raises(ValueError, match=r"base64|Incorrect|Invalid"):
         result_from_wire({"exit_code": 0, "stdout_base64": "%%%"})
 
 
