@@ -24,6 +24,7 @@ from tai42_contract.sandbox import (
     isolation_strength,
     network_openness,
 )
+from tai42_contract.sandbox.errors import go_duration
 from tai42_sandbox import Tai42Sandbox
 
 BASE: dict[str, Any] = {
@@ -195,3 +196,23 @@ def test_error_attributes_and_texts() -> None:
     )
     for e in (to, fnf, snf, rej, SandboxUnavailableError()):
         assert isinstance(e, SandboxError)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0.3, "300ms"),
+        (2, "2s"),
+        (1.5, "1.5s"),
+        (120, "2m0s"),
+        (3601.5, "1h0m1.5s"),
+        (5e-07, "500ns"),
+        (1e-06, "1\u00b5s"),
+        (0.0015, "1.5ms"),
+        (9223372036, "2562047h47m16s"),
+    ],
+)
+def test_timeout_reads_as_go_prints_it(seconds: float, text: str) -> None:
+    # The pairs are what Go's time.Duration(seconds * 1e9).String() prints.
+    assert go_duration(seconds) == text
+    assert f"after {text} and was killed" in str(SandboxExecTimeoutError(seconds, 0, 0))
