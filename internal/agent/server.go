@@ -248,14 +248,14 @@ func (s *server) handle(nc net.Conn) {
 		var v struct {
 			V int `json:"v"`
 		}
-		if json.Unmarshal(p, &v) == nil && v.V != Version {
+		if json.Unmarshal(p, &v) == nil && (v.V < minVersion || v.V > Version) {
 			s.versionMismatch(c, v.V)
 			return
 		}
 		s.protocolFailure(c, fmt.Sprintf("the request does not decode: %v", err))
 		return
 	}
-	if req.V != Version {
+	if req.V < minVersion || req.V > Version {
 		s.versionMismatch(c, req.V)
 		return
 	}
@@ -263,9 +263,13 @@ func (s *server) handle(nc net.Conn) {
 		s.protocolFailure(c, err.Error())
 		return
 	}
+	if req.User != "" && req.V < userVersion {
+		s.protocolFailure(c, fmt.Sprintf("an exec's user needs a request of version %d, not %d", userVersion, req.V))
+		return
+	}
 	switch req.Op {
 	case "ping":
-		_ = c.writeJSON(frameReply, pingReply{V: Version})
+		_ = c.writeJSON(frameReply, pingReply{V: req.V})
 	case "exec":
 		s.handleExec(c, &req)
 	case "attach":
@@ -280,7 +284,7 @@ func (s *server) handle(nc net.Conn) {
 }
 
 func (s *server) versionMismatch(c *frameConn, v int) {
-	msg := fmt.Sprintf("protocol version mismatch: the client speaks version %d, the agent speaks version %d", v, Version)
+	msg := fmt.Sprintf("protocol version mismatch: the client speaks version %d, the agent speaks versions %d to %d", v, minVersion, Version)
 	s.log.Warn("agent: " + msg)
 	_ = c.writeJSON(frameError, errorFrame{Kind: kindVersion, Message: msg})
 }
