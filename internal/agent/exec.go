@@ -16,7 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/nsthread"
 	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/internal/unixuser"
 )
@@ -257,13 +256,9 @@ func (s *server) startExec(c *frameConn, req *request, stdinPipe bool) (*execPro
 	var pid int
 	fork := func() (err error) { pid, err = syscall.ForkExec(path, req.Argv, attr); return err }
 	if cred != nil {
-		// The child enters its cwd before it takes the user's ids, as runc
-		// does: an exec as a user that may not enter the workspace (mode
-		// 0700, root's) still starts there. Go's fork would enter it
-		// after.
 		attr.Dir = ""
 		inDir := fork
-		fork = func() error { return nsthread.InDir(req.Dir, inDir) }
+		fork = func() error { return s.forkIn(req.Dir, inDir) }
 	}
 
 	s.mu.Lock()
@@ -298,6 +293,27 @@ func (s *server) startExec(c *frameConn, req *request, stdinPipe bool) (*execPro
 		return nil, nil, sandboxError("", "cannot start the command", err)
 	}
 	return e, nil, nil
+}
+
+// forkIn runs fork, which forks, with the agent's own working directory at
+// dir, so that the child starts in dir before it takes its user's ids:
+// Go's fork enters attr.Dir after them, where the user may be refused (the
+// workspace is root's, mode 0700), and runc too enters the cwd before it
+// switches users. The caller holds s.mu, as every fork does, so no other
+// fork sees dir; nothing else in the agent uses a relative path. The agent
+// then returns to its directory of before. (A thread of its own, as
+// nsthread.InDir makes, would leave the process's directory alone, but
+// the session's seccomp profile refuses unshare.)
+func (s *server) forkIn(dir string, fork func() error) error {
+	if err := unix.Chdir(dir); err != nil {
+		return &os.PathError{Op: "chdir", Path: dir, Err: err}
+	}
+	defer func() {
+		if err := unix.Fchdir(s.cwd); err != nil {
+			s.log.Warn("agent: cannot return to its working directory after an exec as a user", "err", err)
+		}
+	}()
+	return fork()
 }
 
 // resolveUser resolves an exec's user in the agent's own /etc/passwd and

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Options configure [Serve].
@@ -42,6 +44,7 @@ type server struct {
 	opts    Options
 	log     *slog.Logger
 	devNull int // stdin of an exec given none
+	cwd     int // the agent's working directory, to return to (see forkIn)
 
 	// mu is held across fork and register, and across wait4 and dispatch
 	// in ReapAll mode, so a fast exit is never lost and a reaped pid
@@ -59,7 +62,10 @@ type server struct {
 
 // Serve serves the agent protocol (see the package doc) on ln until ctx is
 // done (it then returns nil) or ln fails (it returns the error). It closes
-// ln. On return every exec has been killed (its process group, and every
+// ln. While it forks an exec that runs as a user it moves the process's
+// working directory to the exec's cwd, and back: a process that serves the
+// agent resolves no relative path meanwhile (the agent's own code uses
+// none). On return every exec has been killed (its process group, and every
 // group a finished exec left processes in, got SIGKILL) and reaped, every
 // connection is closed, and every goroutine it started has ended.
 func Serve(ctx context.Context, ln net.Listener, opts Options) error {
@@ -81,6 +87,11 @@ func Serve(ctx context.Context, ln net.Listener, opts Options) error {
 	}
 	s.devNull = fd
 	defer syscall.Close(s.devNull)
+	if s.cwd, err = unix.Open(".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		ln.Close()
+		return fmt.Errorf("agent: open its working directory: %w", err)
+	}
+	defer unix.Close(s.cwd)
 
 	var stopReaper func()
 	if opts.ReapAll {

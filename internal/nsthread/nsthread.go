@@ -1,8 +1,8 @@
 // Package nsthread runs code on an OS thread of its own, in another
 // network namespace or working directory when asked, and never lets a
 // thread left in the wrong namespace or directory run anything else: the
-// one copy of what the network manager, the host runner, the agent and
-// their tests each need.
+// one copy of what the network manager, the host runner and their tests
+// each need.
 package nsthread
 
 import (
