@@ -517,13 +517,13 @@ func (p *provider) Abandon() {
 
 func (p *provider) Name() string                 { return Name }
 func (p *provider) Isolation() sandbox.Isolation { return sandbox.IsolationContainer }
+func (p *provider) SharedFilesystem() bool       { return false }
 
 var _ kit.UserRunner = (*provider)(nil)
 
 // RunsExecsAsUsers implements kit.UserRunner: the agent runs an exec as
 // its user (see the package doc).
 func (p *provider) RunsExecsAsUsers() {}
-func (p *provider) SharedFilesystem() bool       { return false }
 
 func (p *provider) Check(spec sandbox.SessionSpec) error {
 	no := func(field, format string, args ...any) error {
