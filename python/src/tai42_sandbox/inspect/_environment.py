@@ -33,7 +33,7 @@ import shlex
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any, Literal, overload
 
 import anyio
@@ -177,7 +177,9 @@ class Tai42SandboxEnvironment(SandboxEnvironment):
         cfg = load_config(config)
         with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT):
             async with _connected(cfg) as client:
-                left = [s for s in await client.list_sessions() if s.labels.get(LABEL_RUN) == _run_id()]
+                left = [
+                    s for s in await client.list_sessions() if s.labels.get(LABEL_RUN) == _run_id()
+                ]
                 if not cleanup:
                     _report_kept(left)
                     return
@@ -279,8 +281,10 @@ class Tai42SandboxEnvironment(SandboxEnvironment):
                 limit_str=SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR,
                 truncated_output=_text(e.stdout) + _text(e.stderr),
             ) from None
-        except (SandboxSessionNotFoundError, SandboxTransportError) as e:
-            raise self._unavailable(e) from e
+        except SandboxError as e:
+            if _gone(e):
+                raise self._unavailable(e) from e
+            raise
         if r.exit_code == 126 and cmd and await self._not_executable(cmd[0], cwd, env, user):
             raise PermissionError(errno.EACCES, "Permission denied executing the command", cmd[0])
         return ExecResult(r.exit_code == 0, r.exit_code, _text(r.stdout), _text(r.stderr))
@@ -300,8 +304,6 @@ class Tai42SandboxEnvironment(SandboxEnvironment):
         await self._keep_alive()
         try:
             await self._session.put_file(file, data)
-        except (SandboxSessionNotFoundError, SandboxTransportError) as e:
-            raise self._unavailable(e) from e
         except SandboxError as e:
             raise await self._file_error(file, "write", e) from e
 
@@ -328,8 +330,6 @@ class Tai42SandboxEnvironment(SandboxEnvironment):
                         )
         except SandboxFileNotFoundError:
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", file) from None
-        except (SandboxSessionNotFoundError, SandboxTransportError) as e:
-            raise self._unavailable(e) from e
         except SandboxError as e:
             raise await self._file_error(file, "read", e) from e
         # newline="" as Inspect asks: bytes decode as they are, \r\n kept
@@ -340,9 +340,11 @@ class Tai42SandboxEnvironment(SandboxEnvironment):
     ) -> Exception:
         """The error Inspect expects for a failed read or write of file,
         by what a probe finds there; else the daemon's own error."""
-        found = await probe(
-            self._session, FILE_PROBE, [file, access], env={"PATH": PINNED_PATH}
-        )
+        if _gone(error):
+            return self._unavailable(error)
+        if isinstance(error, SandboxTransportError):
+            return error  # the request itself failed: nothing to find in the session
+        found = await probe(self._session, FILE_PROBE, [file, access], env={"PATH": PINNED_PATH})
         if found == "directory":
             return IsADirectoryError(errno.EISDIR, "Is a directory", file)
         if found == "denied":
@@ -361,16 +363,26 @@ class Tai42SandboxEnvironment(SandboxEnvironment):
             return
         try:
             await self._session.touch()
-        except (SandboxSessionNotFoundError, SandboxTransportError) as e:
-            raise self._unavailable(e) from e
+        except SandboxError as e:
+            if _gone(e):
+                raise self._unavailable(e) from e
+            raise
         self._touched = started
 
     def _unavailable(self, error: SandboxError) -> SandboxUnavailableError:
         if isinstance(error, SandboxSessionNotFoundError):
             why = "is gone (it expired, or was destroyed)"
         else:
-            why = "cannot be reached at the daemon"
+            why = "is gone: its daemon is stopping"
         return SandboxUnavailableError(f"tai42 session {self.session_id} {why}: {error}")
+
+
+def _gone(error: SandboxError) -> bool:
+    """Whether error says the session cannot run anything any more: Inspect's
+    SandboxUnavailableError ("the sandbox is not running")."""
+    if isinstance(error, SandboxSessionNotFoundError):
+        return True
+    return isinstance(error, SandboxTransportError) and error.kind == "shutting_down"
 
 
 # ----- helpers --------------------------------------------------------------
@@ -423,19 +435,15 @@ async def _destroy_labelled(client: Tai42Sandbox, key: str, value: str) -> None:
 
 
 async def _destroy(client: Tai42Sandbox, session_id: str) -> None:
-    try:
+    with suppress(SandboxSessionNotFoundError):
         await client.destroy_session(session_id)
-    except SandboxSessionNotFoundError:
-        pass
 
 
 async def _session_info(client: Tai42Sandbox, session_id: str) -> SandboxSessionInfo:
     return await (await client.get_session(session_id)).info()
 
 
-def _labels(
-    task_name: str, sample_id: object, epoch: int | None, env_id: str
-) -> dict[str, str]:
+def _labels(task_name: str, sample_id: object, epoch: int | None, env_id: str) -> dict[str, str]:
     labels = {LABEL_RUN: _run_id(), LABEL_TASK: _label_value(task_name), LABEL_ENVIRONMENT: env_id}
     if sample_id is not None:
         labels[LABEL_SAMPLE] = _label_value(str(sample_id))
@@ -499,4 +507,3 @@ def _describe(s: SandboxSessionInfo) -> str:
 
 def _text(data: bytes) -> str:
     return data.decode("utf-8", "replace")
-

@@ -1,27 +1,40 @@
-"""Running one Inspect exec over the daemon's streamed exec, and the
-probes that explain a failure the daemon reports without a kind of its own.
+"""Running one Inspect exec, and the probes that explain a failure the
+daemon reports without a kind of its own.
 
-Every Inspect exec is a streamed exec (``exec_start``): stdin goes in
-chunks however large it is (a one-shot exec carries it in a JSON body the
-daemon caps), and output is counted as it arrives, so Inspect's output
-limit stops the exec at the limit instead of after buffering all of it.
+An Inspect exec is a streamed exec (``exec_start``): stdin goes in chunks
+however large it is (a one-shot exec carries it in a JSON body the daemon
+caps), and output is counted as it arrives, so Inspect's output limit stops
+the exec at the limit instead of after the daemon buffered all of it. Only
+a command too long for the stream's start frame (1 MiB of argv and env)
+runs as a one-shot exec, whose JSON body holds up to 64 MiB: the daemon then
+holds its output up to its own limit (``--max-output-bytes``, 64 MiB per
+stream by default), and Inspect's is applied to the result.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import anyio
 from pydantic import SecretStr
 
-from tai42_contract.sandbox.errors import SandboxError, SandboxExecTimeoutError
+from tai42_contract.sandbox.errors import (
+    SandboxError,
+    SandboxExecTimeoutError,
+    SandboxOutputLimitError,
+)
 from tai42_contract.sandbox.models import SandboxStreamChunk
 from tai42_sandbox import Tai42ExecHandle, Tai42Session
 
 # How much stdin goes in one write: big enough that 50 MiB is a few dozen
 # round trips, well under the daemon's 2 MiB of unacknowledged stdin.
 STDIN_CHUNK = 1 << 20
+
+# The most a start frame of the exec stream may hold (the daemon reads
+# frames of up to 1 MiB + 9 bytes), less room for what the client adds.
+START_FRAME_BUDGET = (1 << 20) - 4096
 
 # Bounds on the calls made after an exec, even when its caller was
 # cancelled: the kill of a handle, and a probe.
@@ -44,7 +57,7 @@ class StreamedResult:
     stderr: bytes
 
 
-class OutputOverLimit(Exception):  # noqa: N818 (an outcome, mapped by the caller)
+class OutputOverLimit(Exception):
     """A stream passed the limit; the exec was killed. Carries what was
     received, each stream cut at the limit."""
 
@@ -54,7 +67,7 @@ class OutputOverLimit(Exception):  # noqa: N818 (an outcome, mapped by the calle
         self.stderr = stderr
 
 
-class TimedOut(Exception):  # noqa: N818 (an outcome, mapped by the caller)
+class TimedOut(Exception):
     """The exec passed its timeout and the daemon killed it. Carries the
     output received before, each stream cut at the limit."""
 
@@ -97,28 +110,81 @@ async def run_streamed(
 
     Raises :class:`OutputOverLimit` when a stream passes ``limit`` bytes,
     :class:`TimedOut` past the timeout, and the client's other errors as
-    they come (SandboxUserNotFoundError, ...). The handle is killed on every way out,
-    cancellation included: a handle keeps daemon resources until then.
+    they come (SandboxUserNotFoundError, ...). A streamed exec's handle is
+    killed on every way out, cancellation included: a handle keeps daemon
+    resources until then.
     """
     secret_env = {k: SecretStr(v) for k, v in env.items()} if env else None
+    if _start_frame_size(argv, cwd, env, user) > START_FRAME_BUDGET:
+        return await _run_one_shot(
+            session,
+            argv,
+            stdin=stdin,
+            cwd=cwd,
+            env=secret_env,
+            user=user,
+            timeout_seconds=timeout_seconds,
+            limit=limit,
+        )
     handle = await session.exec_start(
         list(argv), cwd=cwd, env=secret_env, timeout_seconds=timeout_seconds, user=user
     )
     collected = _Collected(limit)
+    failure: Exception | None = None
+    exit_code = 0
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_feed, handle, stdin)
+            # Caught here and raised past the task group, which would wrap it
+            # in an ExceptionGroup; cancellation goes through as it is.
             try:
                 exit_code = await _collect(handle, collected)
-            except SandboxExecTimeoutError as e:
-                raise TimedOut(e, collected.bytes("stdout"), collected.bytes("stderr")) from e
-            finally:
-                # stdin the exec never read stops with it
-                tg.cancel_scope.cancel()
+            except Exception as e:
+                failure = e
+            # stdin the exec never read stops with it
+            tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_TIMEOUT):
             await handle.kill()
+    if isinstance(failure, SandboxExecTimeoutError):
+        raise TimedOut(failure, collected.bytes("stdout"), collected.bytes("stderr")) from failure
+    if failure is not None:
+        raise failure
     return StreamedResult(exit_code, collected.bytes("stdout"), collected.bytes("stderr"))
+
+
+def _start_frame_size(
+    argv: Sequence[str], cwd: str | None, env: Mapping[str, str] | None, user: str | None
+) -> int:
+    frame = {"argv": list(argv), "cwd": cwd or "", "env": dict(env or {}), "user": user or ""}
+    return len(json.dumps(frame, ensure_ascii=False).encode("utf-8", "surrogateescape"))
+
+
+async def _run_one_shot(
+    session: Tai42Session,
+    argv: Sequence[str],
+    *,
+    stdin: bytes | None,
+    cwd: str | None,
+    env: dict[str, SecretStr] | None,
+    user: str | None,
+    timeout_seconds: float,
+    limit: int,
+) -> StreamedResult:
+    try:
+        r = await session.exec(
+            list(argv), cwd=cwd, env=env, stdin=stdin, timeout_seconds=timeout_seconds, user=user
+        )
+    except SandboxExecTimeoutError as e:
+        raise TimedOut(e, b"", b"") from e
+    except SandboxOutputLimitError:
+        raise OutputOverLimit(b"", b"") from None
+    # The result keeps undecodable bytes as surrogate escapes: the bytes back.
+    out = r.stdout.encode("utf-8", "surrogateescape")
+    err = r.stderr.encode("utf-8", "surrogateescape")
+    if len(out) > limit or len(err) > limit:
+        raise OutputOverLimit(out[:limit], err[:limit])
+    return StreamedResult(r.exit_code, out, err)
 
 
 async def _feed(handle: Tai42ExecHandle, data: bytes | None) -> None:
@@ -215,4 +281,3 @@ case $p in
 esac
 if [ -d "$p" ] || { [ -e "$p" ] && [ ! -x "$p" ]; }; then echo denied; fi
 """
-
