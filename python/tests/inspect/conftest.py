@@ -3,10 +3,14 @@ image (mkimage.sh) imported as ``debian-tools``, and the host runner.
 
 ``debian_image`` builds the image once per machine and inputs (mkimage.sh
 caches it under $TAI42_IMAGE_CACHE, default <tmp>/tai42-image-cache);
-``inspect_daemons`` starts one daemon per provider available for the test
-session. Where the container provider is available but the image cannot
-be built (no mmdebstrap), its tests are skipped saying so, except under CI
-(CI set), where that fails them: CI must run them.
+``container_daemon`` and ``host_daemon`` start one daemon each for the
+test session; ``inspect_daemon`` is either (a test runs on both),
+``inspect_config`` a config for it, ``tai42_env`` a sample environment on
+it (sample_init, and sample_cleanup after the test).
+
+Where the container provider is available but the image cannot be built
+(no mmdebstrap), its tests are skipped saying so, except under CI (CI
+set), where that fails them: CI must run them.
 """
 
 from __future__ import annotations
@@ -16,12 +20,13 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tai42_sandbox.inspect import Tai42SandboxConfig, Tai42SandboxEnvironment
 from tests.conftest import Daemon
 
 HERE = Path(__file__).resolve().parent
@@ -89,3 +94,29 @@ def host_daemon(tai42_bin: str) -> Iterator[InspectDaemon]:
     d = Daemon(tai42_bin, "host").start()
     yield InspectDaemon(d, "host")
     d.stop()
+
+
+@pytest.fixture(params=["container", "host"])
+def inspect_daemon(request: pytest.FixtureRequest) -> InspectDaemon:
+    provider: str = request.param
+    if not wanted(provider):
+        pytest.skip(f"TAI42_TEST_PROVIDERS leaves out {provider}")
+    if provider == "container" and not container_available():
+        pytest.skip("the container provider needs root and runc/crun")
+    d: InspectDaemon = request.getfixturevalue(f"{provider}_daemon")
+    return d
+
+
+@pytest.fixture
+def inspect_config(inspect_daemon: InspectDaemon) -> Tai42SandboxConfig:
+    d = inspect_daemon.daemon
+    return Tai42SandboxConfig(image=inspect_daemon.image, url=d.url, token=d.token, ttl_seconds=600)
+
+
+@pytest.fixture
+async def tai42_env(inspect_config: Tai42SandboxConfig) -> AsyncIterator[Tai42SandboxEnvironment]:
+    envs = await Tai42SandboxEnvironment.sample_init("test", inspect_config, {})
+    try:
+        yield envs["default"].as_type(Tai42SandboxEnvironment)
+    finally:
+        await Tai42SandboxEnvironment.sample_cleanup("test", inspect_config, envs, False)

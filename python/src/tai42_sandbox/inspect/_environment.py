@@ -93,7 +93,8 @@ _MAX_LABEL_VALUE = 1024
 class Tai42SandboxEnvironment(SandboxEnvironment):
     """One sample environment: a session of the tai42 daemon.
 
-    Made by ``sample_init``; use it as ``sandbox()`` in a solver or tool.
+    Made by ``sample_init``; use it as ``sandbox()`` in a solver or tool
+    (``sandbox().as_type(Tai42SandboxEnvironment)`` for this class).
     ``session_id`` is its session's id (as ``tai42 ls`` shows it).
     """
 
@@ -108,6 +109,12 @@ class Tai42SandboxEnvironment(SandboxEnvironment):
     @property
     def session_id(self) -> str:
         return self._session.id
+
+    @property
+    def session(self) -> Tai42Session:
+        """The client's session, for what Inspect's face lacks (an
+        interactive exec_start, info()). Its destroy is sample_cleanup's."""
+        return self._session
 
     # ----- the provider's face -------------------------------------------
 
