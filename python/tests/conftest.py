@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -56,14 +57,16 @@ def tai42_bin(tmp_path_factory: pytest.TempPathFactory) -> str:
 class Daemon:
     """One ``tai42 serve`` on a unix socket, stopped by PID."""
 
-    def __init__(self, binary: str, provider: str, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, binary: str, provider: str, extra: tuple[str, ...] = (), tcp: bool = False
+    ) -> None:
         self.provider = provider
         # A short directory: a unix socket's path is at most 107 bytes.
         self.dir = Path(tempfile.mkdtemp(prefix="t42py-"))
         self.socket = self.dir / "d.sock"
         self.state = self.dir / "state"
         self.token = secrets.token_hex(32)
-        self.url = f"unix:{self.socket}"
+        self.url = "127.0.0.1:0" if tcp else f"unix:{self.socket}"
         self.log = self.dir / "daemon.log"
         self.args = [
             binary,
@@ -81,6 +84,7 @@ class Daemon:
             *extra,
         ]
         self.proc: subprocess.Popen[bytes] | None = None
+        self.crashed = False
 
     def start(self) -> Daemon:
         env = {**os.environ, "TAI42_TOKEN": self.token}
@@ -90,11 +94,13 @@ class Daemon:
                 self.args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env
             )
         deadline = time.monotonic() + START_TIMEOUT
-        while b"listening on" not in self.log.read_bytes():
+        while (m := re.search(rb"listening on (\S+)", self.log.read_bytes())) is None:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"tai42 serve did not start: {self.log.read_text()}")
             time.sleep(0.02)
+        addr = m.group(1).decode()
+        self.url = addr if addr.startswith("unix:") else "http://" + addr
         return self
 
     @property
@@ -103,12 +109,20 @@ class Daemon:
         return self.proc.pid
 
     def kill(self) -> None:
-        """SIGKILL: the daemon dies as in a crash."""
+        """SIGKILL: the daemon dies as in a crash, leaving its sessions'
+        resources (mounts, loop devices, network namespaces) behind."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
+            self.crashed = True
 
     def stop(self) -> None:
+        if self.crashed:
+            # Started again on its state dir, a daemon brings back what a
+            # crash left, and a graceful stop then destroys it all.
+            self.crashed = False
+            self.log.write_bytes(b"")
+            self.start()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -147,8 +161,8 @@ def daemon_factory(tai42_bin: str, daemon: Daemon) -> Iterator[Callable[..., Dae
     """Starts daemons of the test's own (same provider, extra flags)."""
     made: list[Daemon] = []
 
-    def make(*extra: str) -> Daemon:
-        d = Daemon(tai42_bin, daemon.provider, extra).start()
+    def make(*extra: str, tcp: bool = False) -> Daemon:
+        d = Daemon(tai42_bin, daemon.provider, extra, tcp).start()
         made.append(d)
         return d
 

@@ -10,13 +10,18 @@ from ._exec import Tai42ExecHandle
 from ._files import Tai42FileReader
 from ._wire import SandboxTransportError, error_from_wire, error_to_wire
 from .client import Tai42Sandbox, Tai42Session
+from .sync import Tai42ExecHandleSync, Tai42FileReaderSync, Tai42SandboxSync, Tai42SessionSync
 
 __all__ = [
     "SandboxTransportError",
     "Tai42ExecHandle",
+    "Tai42ExecHandleSync",
     "Tai42FileReader",
+    "Tai42FileReaderSync",
     "Tai42Sandbox",
+    "Tai42SandboxSync",
     "Tai42Session",
+    "Tai42SessionSync",
     "error_from_wire",
     "error_to_wire",
 ]

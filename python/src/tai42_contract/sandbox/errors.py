@@ -23,6 +23,35 @@ def _q(s: str) -> str:
     return json.dumps(s, ensure_ascii=False)
 
 
+def go_duration(seconds: float) -> str:
+    """seconds written as Go's time.Duration prints it ("300ms", "1.5s",
+    "2m0s"), so a timeout reads the same from either side of the daemon."""
+    ns = round(seconds * 1e9)
+    if ns == 0:
+        return "0s"
+    sign, ns = ("-", -ns) if ns < 0 else ("", ns)
+    if ns < 1_000_000_000:
+        for unit, size in (("ms", 1_000_000), ("\u00b5s", 1_000), ("ns", 1)):
+            if ns >= size:
+                return sign + _trim(ns, size) + unit
+    h, rest = divmod(ns, 3600 * 10**9)
+    m, rest = divmod(rest, 60 * 10**9)
+    text = _trim(rest, 10**9) + "s"
+    if h or m:
+        text = f"{m}m" + text
+    if h:
+        text = f"{h}h" + text
+    return sign + text
+
+
+def _trim(n: int, size: int) -> str:
+    whole, frac = divmod(n, size)
+    if not frac:
+        return str(whole)
+    digits = str(frac).rjust(len(str(size)) - 1, "0").rstrip("0")
+    return f"{whole}.{digits}"
+
+
 class SandboxError(Exception):
     """Base for every sandbox failure.
 
@@ -68,7 +97,7 @@ class SandboxExecTimeoutError(SandboxError):
         self.stderr_len = stderr_len
         self.note = note
         text = (
-            f"exec timed out after {timeout_seconds:g}s and was killed "
+            f"exec timed out after {go_duration(timeout_seconds)} and was killed "
             f"(partial output: stdout {stdout_len} bytes, stderr {stderr_len} bytes)"
         )
         if note:
