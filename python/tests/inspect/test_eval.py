@@ -18,6 +18,7 @@ import subprocess
 import sys
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -103,34 +104,74 @@ def _entry_points_site(where: Path) -> Path:
     return where
 
 
+class Cli:
+    """Inspect's command line in a task directory holding task.py and a
+    tai42.yaml, with the daemon in TAI42_URL and TAI42_TOKEN and the
+    package's entry points on the path."""
+
+    def __init__(self, d: InspectDaemon, tmp_path: Path) -> None:
+        self.task_dir = tmp_path / "task"
+        self.task_dir.mkdir()
+        (self.task_dir / "task.py").write_text(TASK)
+        (self.task_dir / "tai42.yaml").write_text(f"image: {d.image}\nttl_seconds: 600\n")
+        self.logs = tmp_path / "logs"
+        site = _entry_points_site(tmp_path / "site")
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(site), str(PYTHON_DIR / "src")]),
+            "TAI42_URL": d.daemon.url,
+            "TAI42_TOKEN": d.daemon.token,
+            "INSPECT_LOG_LEVEL": "warning",
+        }
+
+    async def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "inspect_ai", *args]
+        inspect_cli = partial(
+            subprocess.run,
+            cmd,
+            cwd=self.task_dir,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        done = await anyio.to_thread.run_sync(inspect_cli)
+        assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+        return done
+
+    async def eval(self, *args: str) -> tuple[dict[str, Any], str]:
+        """The one sample of an `inspect eval task.py --sandbox tai42`, and
+        what the eval printed."""
+        done = await self.run(
+            "eval",
+            "task.py",
+            "--sandbox",
+            "tai42",
+            "--log-dir",
+            str(self.logs),
+            "--log-format",
+            "json",
+            "--display",
+            "none",
+            *args,
+        )
+        [log_file] = self.logs.glob("*.json")
+        log: dict[str, Any] = json.loads(log_file.read_text())
+        assert log["status"] == "success", log.get("error")
+        assert log["eval"]["sandbox"]["type"] == "tai42"
+        [sample] = log["samples"]
+        sample_log: dict[str, Any] = sample
+        return sample_log, done.stdout + done.stderr
+
+
+async def _inspect_sessions(d: InspectDaemon) -> list[str]:
+    async with Tai42Sandbox(d.daemon.url, d.daemon.token) as sb:
+        return [s.id for s in await sb.list_sessions() if "inspect-ai/run" in s.labels]
+
+
 async def test_inspect_eval_cli(inspect_daemon: InspectDaemon, tmp_path: Path) -> None:
     d = inspect_daemon
-    task_dir = tmp_path / "task"
-    task_dir.mkdir()
-    (task_dir / "task.py").write_text(TASK)
-    (task_dir / "tai42.yaml").write_text(f"image: {d.image}\nttl_seconds: 600\n")
-    site = _entry_points_site(tmp_path / "site")
-    logs = tmp_path / "logs"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(site), str(PYTHON_DIR / "src")]),
-        "TAI42_URL": d.daemon.url,
-        "TAI42_TOKEN": d.daemon.token,
-        "INSPECT_LOG_LEVEL": "warning",
-    }
-    cmd = [sys.executable, "-m", "inspect_ai", "eval", "task.py", "--sandbox", "tai42"]
-    cmd += ["--log-dir", str(logs), "--log-format", "json", "--display", "none"]
-    eval_cli = partial(
-        subprocess.run, cmd, cwd=task_dir, env=env, capture_output=True, text=True, timeout=300
-    )
-    run = await anyio.to_thread.run_sync(eval_cli)
-    assert run.returncode == 0, f"inspect eval failed:\n{run.stdout}\n{run.stderr}"
-
-    [log_file] = logs.glob("*.json")
-    log = json.loads(log_file.read_text())
-    assert log["status"] == "success", log.get("error")
-    assert log["eval"]["sandbox"]["type"] == "tai42"
-    [sample] = log["samples"]
+    sample, _ = await Cli(d, tmp_path).eval()
     [score] = sample["scores"].values()
     assert score["value"] == "C", "the scorer did not find the file bash() wrote"
     meta = score["metadata"]
@@ -145,7 +186,19 @@ async def test_inspect_eval_cli(inspect_daemon: InspectDaemon, tmp_path: Path) -
     assert labels["inspect-ai/sample"] == "s1"
     assert labels["inspect-ai/epoch"] == "1"
     assert labels["inspect-ai/run"]
+    assert await _inspect_sessions(d) == [], "sessions left after the eval"
 
-    async with Tai42Sandbox(d.daemon.url, d.daemon.token) as sb:
-        left = [s.id for s in await sb.list_sessions() if "inspect-ai/run" in s.labels]
-    assert left == [], f"sessions left after the eval: {left}"
+
+async def test_no_sandbox_cleanup_then_cli_cleanup(
+    inspect_daemon: InspectDaemon, tmp_path: Path
+) -> None:
+    cli = Cli(inspect_daemon, tmp_path)
+    sample, printed = await cli.eval("--no-sandbox-cleanup")
+    [score] = sample["scores"].values()
+    session_id = score["metadata"]["session_id"]
+    assert f"kept tai42 session {session_id}" in printed
+    # Kept, by the run's own cleanup too: its id is the sample's session's.
+    assert await _inspect_sessions(inspect_daemon) == [session_id]
+    done = await cli.run("sandbox", "cleanup", "tai42")
+    assert f"destroyed tai42 session {session_id}" in done.stdout
+    assert await _inspect_sessions(inspect_daemon) == []
