@@ -5,7 +5,10 @@ output on a timeout, cancellation, keep-alive, and a session that is gone."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
+from functools import partial
 
 import anyio
 import pytest
@@ -182,8 +185,29 @@ async def test_use_keeps_the_session_alive(
     assert after > before
 
 
-async def test_connection_names_the_session(tai42_env: Tai42SandboxEnvironment) -> None:
+async def test_connection_opens_a_shell_in_the_session(
+    tai42_env: Tai42SandboxEnvironment, inspect_daemon: InspectDaemon, tai42_bin: str
+) -> None:
     c = await tai42_env.connection()
     assert c.type == "tai42"
     assert c.command.endswith(f"tai42 shell {tai42_env.session_id}")
     assert "TAI42_URL=" in c.command  # the config's url: not the default daemon
+    as_nobody = await tai42_env.connection(user="nobody")
+    assert as_nobody.command.endswith(f"tai42 shell --user nobody {tai42_env.session_id}")
+    # The command as a user runs it, its commands on stdin (no terminal).
+    env = {
+        "PATH": f"{os.path.dirname(tai42_bin)}:{os.environ['PATH']}",
+        "TAI42_TOKEN": inspect_daemon.daemon.token,
+    }
+    shell = partial(
+        subprocess.run,
+        ["sh", "-c", as_nobody.command],  # verbatim: tai42 found on PATH
+        input="id -un; pwd\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    done = await anyio.to_thread.run_sync(shell)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["nobody", tai42_env.session.workspace_path]

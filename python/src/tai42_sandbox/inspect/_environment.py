@@ -214,9 +214,7 @@ class Tai42SandboxEnvironment(SandboxEnvironment):
 
     @override
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
-        if user is not None:
-            raise NotImplementedError("tai42 shell opens a shell as the session's default user")
-        command = ["tai42", "shell", self.session_id]
+        command = ["tai42", "shell", *(["--user", user] if user else []), self.session_id]
         prefix = f"TAI42_URL={shlex.quote(self._config.url)} " if self._config.url else ""
         return SandboxConnection(type="tai42", command=prefix + shlex.join(command))
 
