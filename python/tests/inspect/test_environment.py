@@ -185,6 +185,17 @@ async def test_use_keeps_the_session_alive(
     assert after > before
 
 
+async def test_an_exec_as_long_as_the_ttl_is_kept_alive_through(
+    tai42_env: Tai42SandboxEnvironment,
+) -> None:
+    before = (await tai42_env.session.info()).expires_at
+    await anyio.sleep(1.1)
+    await tai42_env.exec(["true"], timeout=10)  # well within the life left: no touch
+    assert (await tai42_env.session.info()).expires_at == before
+    await tai42_env.exec(["true"], timeout=600)  # the ttl: the life left is shorter
+    assert (await tai42_env.session.info()).expires_at > before
+
+
 async def test_connection_opens_a_shell_in_the_session(
     tai42_env: Tai42SandboxEnvironment, inspect_daemon: InspectDaemon, tai42_bin: str
 ) -> None:

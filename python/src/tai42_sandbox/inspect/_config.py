@@ -56,8 +56,11 @@ class Tai42SandboxConfig(BaseModel):
 
     ``ttl_seconds`` is how long a session outlives its last use: every
     call through the environment keeps it alive (a touch at most once a
-    minute), so a sample may run as long as it needs, and a session whose
-    eval died goes away that long after.
+    minute, and before an exec whose timeout is longer than the life left),
+    so a sample may run as long as it needs, and a session whose eval died
+    goes away that long after. An exec whose timeout is longer than
+    ``ttl_seconds`` itself may outlive its session: keep the ttl above the
+    longest timeout.
 
     ``exec_timeout_seconds`` is the timeout of an exec Inspect runs without
     one (``timeout=None``); unset, it is ``ttl_seconds``: no shorter limit

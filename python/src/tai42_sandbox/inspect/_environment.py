@@ -261,7 +261,7 @@ class Tai42SandboxEnvironment(SandboxEnvironment):
         seconds = float(timeout) if timeout is not None else self._config.default_exec_timeout()
         stdin = input.encode("utf-8") if isinstance(input, str) else input
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
-        await self._keep_alive()
+        await self._keep_alive(seconds)
         try:
             r = await run_streamed(
                 self._session,
@@ -358,13 +358,17 @@ class Tai42SandboxEnvironment(SandboxEnvironment):
 
     # ----- the session's life ----------------------------------------------
 
-    async def _keep_alive(self) -> None:
+    async def _keep_alive(self, needed: float = 0.0) -> None:
         """Touch the session when its last touch is TOUCH_EVERY old (or a
-        quarter of a shorter ttl): it then lives ttl_seconds past its last
-        use, less that much."""
-        every = min(TOUCH_EVERY, self._config.ttl_seconds / 4)
+        quarter of a shorter ttl), or when what is left of its life is
+        shorter than ``needed`` (an exec's timeout): it then lives
+        ttl_seconds past its last use, less that much, and through every
+        exec whose timeout is within its ttl."""
+        ttl = self._config.ttl_seconds
+        every = min(TOUCH_EVERY, ttl / 4)
         started = time.monotonic()
-        if started - self._touched < every:
+        since = started - self._touched
+        if since < every and ttl - since >= needed:
             return
         try:
             await self._session.touch()
