@@ -19,8 +19,9 @@ limits, with the exec killed at the limit), FileNotFoundError,
 IsADirectoryError and PermissionError (told apart, where the daemon's error
 has no kind for them, by a probe run in the session after the failure),
 UnicodeDecodeError (a text read of a file that is not UTF-8), and
-SandboxUnavailableError when the session is gone (expired, destroyed) or
-the daemon cannot be reached. An exec as a user the session does not know
+SandboxUnavailableError when the session is gone (expired, destroyed, or
+its daemon stopping). A daemon that cannot be reached is the client's
+SandboxError saying so. An exec as a user the session does not know
 is a failed result (exit 126) naming the user, as with docker. Exec output
 that is not UTF-8 is decoded with replacement characters.
 """
