@@ -38,6 +38,17 @@ async def attempt(aw: Awaitable[T]) -> tuple[T | None, Exception | None]:
         return None, e
 
 
+async def attempt_call(
+    fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any
+) -> tuple[T | None, Exception | None]:
+    """The result of awaiting fn(*args, **kwargs), or the exception its call
+    or its awaiting raised (a call with a missing argument raises at once)."""
+    try:
+        return await fn(*args, **kwargs), None
+    except Exception as e:
+        return None, e
+
+
 def sh_argv(script: str, *args: str) -> list[str]:
     """The argv of ``sh -c script sh args...``."""
     return ["sh", "-c", script, "sh", *args]

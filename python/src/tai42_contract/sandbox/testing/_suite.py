@@ -81,7 +81,17 @@ Factory = Callable[[Config], AbstractAsyncContextManager[Sandbox]]
 """Makes a fresh, independent sandbox for a Config: an async context manager
 whose ``__aenter__`` gives the sandbox and whose ``__aexit__`` closes it and
 removes whatever it made. The suite enters it inside the clause's event
-loop, once per sandbox a clause needs, and always exits it."""
+loop, once per sandbox a clause needs, and always exits it. A provider that
+refuses to be made with a policy no session could ever meet (an isolation
+floor above its own level) raises :class:`ConfigRefused` from
+``__aenter__``."""
+
+
+class ConfigRefused(Exception):
+    """Raised by a factory whose provider refuses the Config itself, as
+    ``tai42 serve`` refuses an isolation floor above its provider's level:
+    every session would be rejected. The suite accepts it for such a policy
+    only; for any other Config it is a failure."""
 
 
 @dataclass(frozen=True)
@@ -369,7 +379,7 @@ class Check:
         stack = self._stacks[-1]
         try:
             sb = await stack.enter_async_context(cm)
-        except (_Fatal, _Skip):
+        except (_Fatal, _Skip, ConfigRefused):
             raise
         except Exception as e:
             self.fatal(f"the factory could not make a sandbox for {cfg}: {e!r}")
@@ -501,6 +511,8 @@ async def run_clause(
             pass
         except _Skip as s:
             skipped.append(str(s))
+        except ConfigRefused as e:
+            check.error(f"the factory refused a Config the provider can meet: {e}")
         except asyncio.CancelledError:
             if not expired:
                 raise

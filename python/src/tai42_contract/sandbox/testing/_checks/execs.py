@@ -17,6 +17,7 @@ from .._helpers import (
     PROMPT,
     alive,
     attempt,
+    attempt_call,
     eventually,
     exists,
     must_put,
@@ -129,7 +130,7 @@ async def timeout_required(c: Check) -> None:
     _, sess = await c.fresh()
     loose = cast(Any, sess)
     for call in ("exec", "exec_start"):
-        res, err = await attempt(getattr(loose, call)(sh_argv(f": > ran-{call}")))
+        res, err = await attempt_call(getattr(loose, call), sh_argv(f": > ran-{call}"))
         if err is None:
             c.error(f"{call}() without timeout_seconds returned {res!r}; want it refused")
             if res is not None and hasattr(res, "kill"):
@@ -283,7 +284,7 @@ async def secrets_not_in_errors(c: Check) -> None:
             await attempt(h.kill())
         want_kind(c, err, E.SandboxError, f"exec_start with the cwd {cwd}")
         no_secret(c, f"the error of an exec_start with the cwd {cwd}", err, *both)
-    _, err = await attempt(cast(Any, sess).exec(["true"], env=env))
+    _, err = await attempt_call(cast(Any, sess).exec, ["true"], env=env)
     no_secret(c, "the error of an exec without a timeout", err, *both)
     _, err = await attempt(
         sess.exec(

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from ... import errors as E
 from ...base import SandboxSession
-from .._helpers import EXEC_TIMEOUT, attempt, exists, run, sh_argv, start, want_kind
+from .._helpers import EXEC_TIMEOUT, attempt, attempt_call, exists, run, sh_argv, start, want_kind
 from .._suite import Check, clause
 
 
@@ -77,10 +77,11 @@ async def user_unknown(c: Check) -> None:
     loose = cast(Any, sess)
     unknown = "tai42-no-such-user"
     for call in ("exec", "exec_start"):
-        got, err = await attempt(
-            getattr(loose, call)(
-                sh_argv(f": > ran-{call}"), user=unknown, timeout_seconds=EXEC_TIMEOUT
-            )
+        got, err = await attempt_call(
+            getattr(loose, call),
+            sh_argv(f": > ran-{call}"),
+            user=unknown,
+            timeout_seconds=EXEC_TIMEOUT,
         )
         if got is not None and hasattr(got, "kill"):
             await attempt(got.kill())
@@ -103,10 +104,11 @@ async def user_refused(c: Check) -> None:
     sess = await _session(c, want_user=False)
     loose = cast(Any, sess)
     for call in ("exec", "exec_start"):
-        got, err = await attempt(
-            getattr(loose, call)(
-                sh_argv(f": > ran-{call}"), user="nobody", timeout_seconds=EXEC_TIMEOUT
-            )
+        got, err = await attempt_call(
+            getattr(loose, call),
+            sh_argv(f": > ran-{call}"),
+            user="nobody",
+            timeout_seconds=EXEC_TIMEOUT,
         )
         if got is not None and hasattr(got, "kill"):
             await attempt(got.kill())
