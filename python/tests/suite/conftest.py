@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -75,13 +76,35 @@ def _terminate(d: Daemon) -> None:
         d.proc.wait(30)
 
 
-def daemon_factory(binary: str, provider: str) -> Factory:
+NOBODY = 65534
+
+
+def _as_nobody(d: Daemon) -> None:
+    """Make d run as nobody: its directory and a copy of its binary become
+    nobody's, and setpriv drops root before the daemon starts."""
+    binary = d.dir / "tai42"
+    shutil.copy(d.args[0], binary)
+    os.chmod(d.dir, 0o755)
+    os.chown(d.dir, NOBODY, NOBODY)
+    d.args = [
+        "setpriv",
+        f"--reuid={NOBODY}",
+        f"--regid={NOBODY}",
+        "--clear-groups",
+        str(binary),
+        *d.args[1:],
+    ]
+
+
+def daemon_factory(binary: str, provider: str, *, nobody: bool = False) -> Factory:
     """The suite's Factory: a fresh daemon for each Config, through a
-    connected Tai42Sandbox."""
+    connected Tai42Sandbox; run as nobody if asked (as root only)."""
 
     @contextlib.asynccontextmanager
     async def factory(cfg: Config) -> AsyncIterator[Sandbox]:
         d = Daemon(binary, provider, daemon_flags(cfg))
+        if nobody:
+            _as_nobody(d)
         try:
             try:
                 await asyncio.to_thread(d.start)
@@ -106,11 +129,12 @@ def daemon_factory(binary: str, provider: str) -> Factory:
     return factory
 
 
-def options_for(provider: str) -> Options:
+def options_for(provider: str, *, root: bool | None = None) -> Options:
     """What each provider documents that it honours (as the Go suite's
     hostsuite and containersuite state it), served by a daemon as root or
-    not."""
-    root = os.geteuid() == 0
+    not (by default: as this process is)."""
+    if root is None:
+        root = os.geteuid() == 0
     if provider == "container":
         return Options(
             image="host",

@@ -464,7 +464,8 @@ async def kill_keeps_output(c: Check) -> None:
 @clause("ExecStart/KillStopsLeftovers")
 async def kill_stops_leftovers(c: Check) -> None:
     """Documented behaviour (Options.kill_stops_leftovers): kill after the command exited also
-    ends the processes it left running."""
+    ends the processes it left running (skipped when the provider ended them at the
+    command's exit already)."""
     if not c.opts.kill_stops_leftovers:
         c.skip("Options.kill_stops_leftovers is false: the provider does not document it")
     _, sess = await c.fresh()
@@ -475,7 +476,10 @@ async def kill_stops_leftovers(c: Check) -> None:
     if not pid.isdigit():
         c.fatal(f"stdout {bytes(r.stdout)!r}; want the pid of the child left running")
     if not await alive(c, sess, pid):
-        c.log(f"the child {pid} had already ended before kill")
+        c.skip(
+            f"the provider ended the child {pid} at the command's exit already: nothing is "
+            "left for kill to stop"
+        )
     _, err = await attempt(r.h.kill())
     if err is not None:
         c.fatal(f"kill() after the exec exited: {err!r}")
