@@ -579,7 +579,7 @@ async def run(
 def clauses_markdown() -> str:
     """CLAUSES.md: every clause with what it proves."""
     out = [
-        "# The clauses of the Python conformance suite\n",
+        "# The clauses of the Python conformance suite",
         "",
         "Every clause `tai42_contract.sandbox.testing.run` runs (and the pytest plugin makes "
         "a test of), by the name that selects it, and what it proves.",
