@@ -183,9 +183,11 @@ func TestErrorFamily(t *testing.T) {
 		{&sandbox.SpecRejectedError{Field: "f", Reason: sandbox.ReasonPolicy}, sandbox.ErrSpecRejected, func(e error) bool { var x *sandbox.SpecRejectedError; return errors.As(e, &x) && x.Field == "f" }},
 		{&sandbox.UnavailableError{Name: "n"}, sandbox.ErrUnavailable, func(e error) bool { var x *sandbox.UnavailableError; return errors.As(e, &x) && x.Name == "n" }},
 		{&sandbox.OutputLimitError{Limit: 1}, sandbox.ErrOutputLimit, func(e error) bool { var x *sandbox.OutputLimitError; return errors.As(e, &x) && x.Limit == 1 }},
+		{&sandbox.WorkspaceNotFoundError{Key: "k"}, sandbox.ErrWorkspaceNotFound, func(e error) bool { var x *sandbox.WorkspaceNotFoundError; return errors.As(e, &x) && x.Key == "k" }},
+		{&sandbox.UserNotFoundError{User: "alice"}, sandbox.ErrUserNotFound, func(e error) bool { var x *sandbox.UserNotFoundError; return errors.As(e, &x) && x.User == "alice" }},
 		{sandbox.Errorf("op", "m"), sandbox.ErrSandbox, func(e error) bool { var x *sandbox.SandboxError; return errors.As(e, &x) && x.Op == "op" }},
 	}
-	others := []error{sandbox.ErrExecTimeout, sandbox.ErrFileNotFound, sandbox.ErrSessionNotFound, sandbox.ErrSpecRejected, sandbox.ErrUnavailable, sandbox.ErrOutputLimit}
+	others := []error{sandbox.ErrExecTimeout, sandbox.ErrFileNotFound, sandbox.ErrSessionNotFound, sandbox.ErrSpecRejected, sandbox.ErrUnavailable, sandbox.ErrOutputLimit, sandbox.ErrWorkspaceNotFound, sandbox.ErrUserNotFound}
 	for _, c := range cases {
 		for _, e := range []error{c.err, fmt.Errorf("context: %w", c.err)} {
 			if !errors.Is(e, c.sentinel) {
@@ -216,6 +218,42 @@ func TestErrorFamily(t *testing.T) {
 	te := &sandbox.ExecTimeoutError{Timeout: 2 * time.Second, StdoutLen: 12, StderrLen: 4, Note: "held"}
 	if msg := te.Error(); !strings.Contains(msg, "12") || !strings.Contains(msg, "4") || !strings.Contains(msg, "2s") || !strings.Contains(msg, "held") {
 		t.Errorf("the timeout message carries the timeout, the lengths and the note: %q", msg)
+	}
+}
+
+// A user not known in the session names itself and the file it was looked
+// up in, and converts to a *SandboxError of op exec.
+func TestUserNotFoundError(t *testing.T) {
+	err := fmt.Errorf("running: %w", &sandbox.UserNotFoundError{User: "alice"})
+	if msg := err.Error(); !strings.Contains(msg, `"alice"`) || !strings.Contains(msg, "/etc/passwd") {
+		t.Errorf("message %q; want it to name the user and /etc/passwd", msg)
+	}
+	var se *sandbox.SandboxError
+	if !errors.As(err, &se) || se.Op != "exec" {
+		t.Errorf("errors.As to *SandboxError: %#v; want op exec", se)
+	}
+}
+
+// ValidUser takes "", a name, a uid and uid:gid, and refuses anything else.
+func TestValidUser(t *testing.T) {
+	for _, u := range []string{"", "root", "nobody", "www-data", "user.name_1", "ünïcode", "0", "65534", "007", "1000:1000", "0:0", "4294967294", "4294967294:4294967294", strings.Repeat("u", sandbox.MaxUserLen)} {
+		if err := sandbox.ValidUser(u); err != nil {
+			t.Errorf("ValidUser(%q) = %v; want nil", u, err)
+		}
+	}
+	for _, u := range []string{
+		"a:b", "1000:", ":1000", ":", "1:2:3", "root:0", "0:root", "1000:x",
+		"4294967295", "4294967295:0", "0:4294967295", "99999999999999999999", "-1", "+1",
+		"a b", " root", "root\n", "ro\x00ot", "tab\there", "\x7f", "\xff\xfe", strings.Repeat("u", sandbox.MaxUserLen+1),
+	} {
+		err := sandbox.ValidUser(u)
+		if err == nil {
+			t.Errorf("ValidUser(%q) = nil; want it refused", u)
+			continue
+		}
+		if strings.ContainsRune(err.Error(), 0) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("ValidUser(%q) = %q: the message carries a raw control byte", u, err)
+		}
 	}
 }
 

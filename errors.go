@@ -19,6 +19,8 @@ var (
 	ErrOutputLimit     = errors.New("sandbox: output limit exceeded")
 	// ErrWorkspaceNotFound matches *WorkspaceNotFoundError.
 	ErrWorkspaceNotFound = errors.New("sandbox: workspace not found")
+	// ErrUserNotFound matches *UserNotFoundError.
+	ErrUserNotFound = errors.New("sandbox: user not found")
 )
 
 // SandboxError is the base of every sandbox failure, and the error itself for
@@ -143,6 +145,18 @@ func (e *WorkspaceNotFoundError) Is(t error) bool {
 	return t == ErrSandbox || t == ErrWorkspaceNotFound
 }
 func (e *WorkspaceNotFoundError) As(t any) bool { return asBase(t, "remove_workspace", e) }
+
+// UserNotFoundError reports that an exec's user (a user name: see
+// [ValidUser]) has no entry in the session's /etc/passwd. Nothing ran.
+type UserNotFoundError struct {
+	User string
+}
+
+func (e *UserNotFoundError) Error() string {
+	return fmt.Sprintf("sandbox: exec: user %q is not known in the session: its /etc/passwd has no entry of that name", e.User)
+}
+func (e *UserNotFoundError) Is(t error) bool { return t == ErrSandbox || t == ErrUserNotFound }
+func (e *UserNotFoundError) As(t any) bool   { return asBase(t, "exec", e) }
 
 // RejectReason says why a spec was rejected.
 type RejectReason string

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -114,6 +115,11 @@ const (
 	MaxWorkspaceKey  = 128
 	MaxImageLen      = 512
 	MaxEnvKeyLen     = 1024
+	// MaxUserLen bounds an exec's user ([ValidUser]).
+	MaxUserLen = 256
+	// MaxID is the largest uid or gid an exec's user may name: (uid_t)-1
+	// means "no change" to the kernel, never an id.
+	MaxID = 1<<32 - 2
 )
 
 // Validate checks the spec's own shape (not the policy, not what a provider
@@ -206,6 +212,70 @@ func ValidEnvKey(k string) error {
 		return fmt.Errorf("env: variable name %q contains '=' or NUL", clip(k))
 	}
 	return nil
+}
+
+// ValidUser reports whether u can name the user an exec runs as ("" is
+// the session's default user, root). The forms, each resolved in the
+// session's own /etc/passwd and /etc/group:
+//
+//   - a user name: its passwd entry's uid, gid and home directory, and as
+//     supplementary groups every /etc/group entry that lists the name; a
+//     name with no passwd entry is a *UserNotFoundError;
+//   - a decimal uid: the passwd entry of that uid, as for a name, when
+//     there is one; else gid 0, no supplementary groups and home "/", as
+//     Docker does;
+//   - uid:gid, both decimal: exactly those, no supplementary groups; the
+//     home directory is the uid's passwd entry's, or "/".
+//
+// An exec with a user gets HOME set to that home directory unless the
+// spec's or the exec's env sets HOME; nothing else in its environment
+// changes. Its cwd is entered before it becomes the user, as Docker does,
+// so an exec starts in a cwd the user itself cannot enter. Ids are at most
+// [MaxID]; u is at most [MaxUserLen] bytes. A user name is printable text
+// without spaces or ':', not starting with '-' or '+' (the marks of NIS
+// entries in /etc/passwd); a name of digits alone is a uid.
+func ValidUser(u string) error {
+	switch {
+	case u == "":
+		return nil
+	case len(u) > MaxUserLen:
+		return fmt.Errorf("user: longer than %d bytes", MaxUserLen)
+	}
+	if uid, gid, ok := strings.Cut(u, ":"); ok {
+		if !validID(uid) || !validID(gid) {
+			return fmt.Errorf("user %q: a user with ':' is uid:gid, two decimal ids of at most %d", clip(u), uint32(MaxID))
+		}
+		return nil
+	}
+	if digits(u) {
+		if !validID(u) {
+			return fmt.Errorf("user %q: a uid is at most %d", clip(u), uint32(MaxID))
+		}
+		return nil
+	}
+	if !printable(u) || strings.ContainsAny(u, " :") || u[0] == '-' || u[0] == '+' {
+		return fmt.Errorf("user %q: a user name is printable text without spaces or ':', not starting with '-' or '+' (a uid is decimal digits alone)", clip(u))
+	}
+	return nil
+}
+
+// digits reports whether s is one or more decimal digits.
+func digits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// validID reports whether s is a decimal id of at most MaxID.
+func validID(s string) bool {
+	if !digits(s) {
+		return false
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	return err == nil && n <= MaxID
 }
 
 func validLabel(k, v string) error {

@@ -48,6 +48,9 @@ type ExecOptions struct {
 	// Timeout is required and must be > 0; on expiry the exec is killed and
 	// Exec returns an *ExecTimeoutError.
 	Timeout time.Duration
+	// User is the user the command runs as; "" is the session's default
+	// user (root). See [ValidUser] for its forms and how each resolves.
+	User string
 }
 
 // StartOptions are the options of [Session.ExecStart]: those of
@@ -56,6 +59,7 @@ type StartOptions struct {
 	Cwd     string
 	Env     map[string]Secret
 	Timeout time.Duration
+	User    string
 }
 
 // Session is one live sandbox session, the unit a consumer runs code in.

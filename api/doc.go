@@ -20,6 +20,17 @@
 // with the status of [KindStatus]; [ErrorBody] and [Error.Err] convert both
 // ways, once each.
 //
+// # Exec as a user
+//
+// An [ExecRequest] (the body of POST /v1/sessions/{id}/exec and the start
+// frame alike) may name the user its command runs as in "user", in the
+// forms sandbox.ValidUser describes (a name, a uid, uid:gid), resolved in
+// the session's own /etc/passwd and /etc/group; absent or "" is the
+// session's default user. A name the session does not know is 400
+// [KindUserNotFound] carrying user (an "error" frame on the stream); a
+// malformed user, or one the provider cannot run an exec as, is 400
+// sandbox_error. Nothing runs in either case.
+//
 // # Persistent workspaces
 //
 // GET /v1/workspaces answers a [WorkspaceList]: every persistent workspace,
@@ -39,7 +50,7 @@
 // subprotocol [ExecSubprotocol]. Frames:
 //
 //	client → server
-//	  text   {"type":"start","argv":[...],"cwd":"","env":{},"timeout_seconds":N}   first, exactly once
+//	  text   {"type":"start","argv":[...],"cwd":"","env":{},"timeout_seconds":N,"user":""}   first, exactly once
 //	  binary 0x00, id (8 bytes, big-endian), data                                  stdin bytes; acked by id
 //	  text   {"type":"close_stdin","id":N}                                          acked by id
 //	  text   {"type":"kill","id":N}                                                 acked by id once the exec is killed

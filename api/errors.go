@@ -24,6 +24,9 @@ const (
 	// KindWorkspaceNotFound: no persistent workspace has the key
 	// (*sandbox.WorkspaceNotFoundError).
 	KindWorkspaceNotFound Kind = "workspace_not_found"
+	// KindUserNotFound: an exec's user name has no entry in the session's
+	// /etc/passwd (*sandbox.UserNotFoundError).
+	KindUserNotFound Kind = "user_not_found"
 
 	// KindBadRequest: the request itself is malformed (bad JSON, an
 	// unknown field, a wrong type, a bad frame).
@@ -53,6 +56,7 @@ var KindStatus = map[Kind]int{
 	KindUnavailable:       http.StatusServiceUnavailable,
 	KindOutputLimit:       http.StatusInsufficientStorage,
 	KindWorkspaceNotFound: http.StatusNotFound,
+	KindUserNotFound:      http.StatusBadRequest,
 	KindBadRequest:        http.StatusBadRequest,
 	KindUnauthorized:      http.StatusUnauthorized,
 	KindNotFound:          http.StatusNotFound,
@@ -78,6 +82,7 @@ type Error struct {
 	Registered   []string `json:"registered,omitempty"`    // unavailable
 	Limit        int64    `json:"limit,omitempty"`         // output_limit
 	WorkspaceKey string   `json:"workspace_key,omitempty"` // workspace_not_found
+	User         string   `json:"user,omitempty"`          // user_not_found
 	// exec_timeout and output_limit
 	TimeoutSeconds float64 `json:"timeout_seconds,omitempty"`
 	StdoutLen      *int64  `json:"stdout_len,omitempty"`
@@ -111,6 +116,7 @@ func ErrorFrom(err error) Error {
 		una *sandbox.UnavailableError
 		lim *sandbox.OutputLimitError
 		wnf *sandbox.WorkspaceNotFoundError
+		unf *sandbox.UserNotFoundError
 		te  *TransportError
 		se  *sandbox.SandboxError
 	)
@@ -133,6 +139,8 @@ func ErrorFrom(err error) Error {
 		return Error{Kind: KindUnavailable, Message: una.Error(), Name: una.Name, Registered: una.Registered}
 	case errors.As(err, &wnf):
 		return Error{Kind: KindWorkspaceNotFound, Message: wnf.Error(), Op: "remove_workspace", WorkspaceKey: wnf.Key}
+	case errors.As(err, &unf):
+		return Error{Kind: KindUserNotFound, Message: unf.Error(), Op: "exec", User: unf.User}
 	case errors.As(err, &se):
 		return Error{Kind: KindSandbox, Message: se.Error(), Op: se.Op}
 	}
@@ -167,6 +175,8 @@ func (e Error) Err() error {
 		return &sandbox.UnavailableError{Name: e.Name, Registered: e.Registered}
 	case KindWorkspaceNotFound:
 		return &sandbox.WorkspaceNotFoundError{Key: e.WorkspaceKey}
+	case KindUserNotFound:
+		return &sandbox.UserNotFoundError{User: e.User}
 	case KindSandbox:
 		return &sandbox.SandboxError{Op: e.Op, Message: trimPrefix(e.Message, e.Op)}
 	}

@@ -29,6 +29,7 @@ func TestErrorRoundTrip(t *testing.T) {
 		{&sandbox.UnavailableError{Name: "vm", Registered: []string{"host"}}, KindUnavailable, http.StatusServiceUnavailable},
 		{&sandbox.OutputLimitError{Limit: 64 << 20, StdoutLen: 64<<20 + 1, StderrLen: 3}, KindOutputLimit, http.StatusInsufficientStorage},
 		{&sandbox.WorkspaceNotFoundError{Key: "alice-notebook"}, KindWorkspaceNotFound, http.StatusNotFound},
+		{&sandbox.UserNotFoundError{User: "alice"}, KindUserNotFound, http.StatusBadRequest},
 		{sandbox.Errorf("get_file", "%q is a directory, not a file", "d"), KindSandbox, http.StatusBadRequest},
 		{sandbox.Errorf("", "no op"), KindSandbox, http.StatusBadRequest},
 	}
@@ -67,6 +68,18 @@ func TestErrorRoundTrip(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A user_not_found error carries its user in the field user, and its op.
+func TestUserNotFoundOnTheWire(t *testing.T) {
+	b, _ := json.Marshal(ErrorBody{Error: ErrorFrom(fmt.Errorf("exec: %w", &sandbox.UserNotFoundError{User: "alice"}))})
+	var m map[string]map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	if e := m["error"]; e["kind"] != "user_not_found" || e["user"] != "alice" || e["op"] != "exec" || len(e) != 4 {
+		t.Errorf("user_not_found on the wire: %s; want kind, message, op exec and user alice", b)
 	}
 }
 

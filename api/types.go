@@ -159,7 +159,8 @@ type Health struct {
 
 // ExecRequest is the body of POST /v1/sessions/{id}/exec and, with Type
 // "start", the first frame of the interactive exec. Stdin is base64 in
-// stdin_base64 (the exec to completion only).
+// stdin_base64 (the exec to completion only). User is the user the command
+// runs as (sandbox.ValidUser's forms); absent is the session's default.
 type ExecRequest struct {
 	Type           string            `json:"type,omitempty"`
 	Argv           []string          `json:"argv"`
@@ -167,6 +168,7 @@ type ExecRequest struct {
 	Env            map[string]string `json:"env,omitempty"`
 	StdinBase64    *string           `json:"stdin_base64,omitempty"`
 	TimeoutSeconds float64           `json:"timeout_seconds"`
+	User           string            `json:"user,omitempty"`
 }
 
 // ExecResult is the wire form of [sandbox.ExecResult]. Output that is valid

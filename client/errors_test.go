@@ -69,6 +69,15 @@ func TestErrorKinds(t *testing.T) {
 		}
 		inFamily(t, "SpecRejected", err)
 	})
+	t.Run("UserNotFound", func(t *testing.T) {
+		setAnswer(api.ErrorFrom(&sandbox.UserNotFoundError{User: "alice"}))
+		_, err := sess.Exec(ctx, []string{"id"}, sandbox.ExecOptions{Timeout: time.Second, User: "alice"})
+		var nf *sandbox.UserNotFoundError
+		if !errors.As(err, &nf) || nf.User != "alice" || !errors.Is(err, sandbox.ErrUserNotFound) {
+			t.Fatalf("Exec: %T %+v; want the UserNotFoundError for alice", err, err)
+		}
+		inFamily(t, "UserNotFound", err)
+	})
 	t.Run("ExecTimeout", func(t *testing.T) {
 		setAnswer(api.ErrorFrom(&sandbox.ExecTimeoutError{Timeout: 300 * time.Millisecond, StdoutLen: 12, StderrLen: 3, Note: "a child held the output"}))
 		_, err := sess.Exec(ctx, []string{"sleep", "9"}, sandbox.ExecOptions{Timeout: 300 * time.Millisecond})

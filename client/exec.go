@@ -33,7 +33,7 @@ func (s *session) ExecStart(ctx context.Context, argv []string, opts sandbox.Sta
 	if err := ctx.Err(); err != nil {
 		return nil, ctxErr(op, err)
 	}
-	start, err := json.Marshal(api.ExecRequest{Type: api.FrameStart, Argv: argv, Cwd: opts.Cwd, Env: reveal(opts.Env), TimeoutSeconds: api.SecondsOf(opts.Timeout)})
+	start, err := json.Marshal(api.ExecRequest{Type: api.FrameStart, Argv: argv, Cwd: opts.Cwd, Env: reveal(opts.Env), TimeoutSeconds: api.SecondsOf(opts.Timeout), User: opts.User})
 	if err != nil {
 		return nil, sandbox.WrapError(op, "cannot encode the start frame", err)
 	}

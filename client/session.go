@@ -77,7 +77,7 @@ func reveal(env map[string]sandbox.Secret) map[string]string {
 // output an *sandbox.OutputLimitError. When ctx ends first the request is
 // abandoned, which ends the exec on the daemon.
 func (s *session) Exec(ctx context.Context, argv []string, opts sandbox.ExecOptions) (sandbox.ExecResult, error) {
-	req := api.ExecRequest{Argv: argv, Cwd: opts.Cwd, Env: reveal(opts.Env), TimeoutSeconds: api.SecondsOf(opts.Timeout)}
+	req := api.ExecRequest{Argv: argv, Cwd: opts.Cwd, Env: reveal(opts.Env), TimeoutSeconds: api.SecondsOf(opts.Timeout), User: opts.User}
 	if opts.Stdin != nil {
 		b := base64.StdEncoding.EncodeToString(opts.Stdin)
 		req.StdinBase64 = &b

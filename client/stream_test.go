@@ -489,7 +489,7 @@ func TestStartFrame(t *testing.T) {
 	_, c := newFake(t, mux)
 	ctx, cancel := context.WithCancel(t.Context())
 	h, err := getSession(t, c).ExecStart(ctx, []string{"sh", "-c", "exit 3"}, sandbox.StartOptions{
-		Cwd: "sub", Env: sandbox.SecretEnv(map[string]string{"K": "v"}), Timeout: 1500 * time.Millisecond})
+		Cwd: "sub", Env: sandbox.SecretEnv(map[string]string{"K": "v"}), Timeout: 1500 * time.Millisecond, User: "1000:1000"})
 	cancel() // bounds the start only
 	if err != nil {
 		t.Fatalf("ExecStart: %v", err)
@@ -500,8 +500,8 @@ func TestStartFrame(t *testing.T) {
 	if string(stdout) != "out" || err != nil || exit == nil || exit.ExitCode != 3 {
 		t.Errorf("stream: %q, %v, %v; want out and StreamExit 3 (the exec's own)", stdout, exit, err)
 	}
-	if len(start.Argv) != 3 || start.Cwd != "sub" || start.Env["K"] != "v" || start.TimeoutSeconds != 1.5 {
-		t.Errorf("start frame %+v; want argv, cwd sub, env K=v, timeout 1.5", start)
+	if len(start.Argv) != 3 || start.Cwd != "sub" || start.Env["K"] != "v" || start.TimeoutSeconds != 1.5 || start.User != "1000:1000" {
+		t.Errorf("start frame %+v; want argv, cwd sub, env K=v, timeout 1.5, user 1000:1000", start)
 	}
 	for range 3 {
 		kill(t, h, time.Second)

@@ -78,7 +78,7 @@ func (r *fakeRes) Destroy(context.Context) error { r.f.destroyed.Add(1); return 
 
 var open = sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationNone, Durable: true}
 
-func newKit(t *testing.T, f *fakeProvider, p sandbox.Policy, reap time.Duration) *kit.Sandbox {
+func newKit(t *testing.T, f kit.Provider, p sandbox.Policy, reap time.Duration) *kit.Sandbox {
 	t.Helper()
 	sb, err := kit.New(f, kit.Options{Policy: p, ReapInterval: reap})
 	if err != nil {
@@ -253,6 +253,72 @@ func TestExecRequestShaping(t *testing.T) {
 	}
 	if _, err := sess.ExecStart(ctx, []string{"x"}, sandbox.StartOptions{}); !errors.Is(err, sandbox.ErrSandbox) {
 		t.Errorf("ExecStart without a timeout: %v", err)
+	}
+}
+
+// userProvider is the fake as a kit.UserRunner.
+type userProvider struct{ *fakeProvider }
+
+func (userProvider) RunsExecsAsUsers() {}
+
+// The kit hands a valid user to a provider that runs execs as users,
+// refuses a malformed one before the provider sees it, and refuses any
+// user on a provider that is no kit.UserRunner rather than let it run the
+// exec as its default user.
+func TestExecUser(t *testing.T) {
+	ctx := context.Background()
+	f := &fakeProvider{iso: "none"}
+	sess, err := newKit(t, userProvider{f}, open, -1).CreateSession(ctx, spec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"", "nobody", "65534", "1000:1000"} {
+		if _, err := sess.Exec(ctx, []string{"x"}, sandbox.ExecOptions{Timeout: time.Second, User: u}); err != nil {
+			t.Fatalf("Exec as %q: %v", u, err)
+		}
+		f.mu.Lock()
+		got := f.lastExec.User
+		f.mu.Unlock()
+		if got != u {
+			t.Errorf("Exec as %q: the provider got user %q", u, got)
+		}
+	}
+	f.mu.Lock()
+	f.lastExec = kit.ExecRequest{}
+	f.mu.Unlock()
+	for _, u := range []string{"a:b", "ro\x00ot", "-1", "4294967295", strings.Repeat("u", sandbox.MaxUserLen+1)} {
+		_, err := sess.Exec(ctx, []string{"x"}, sandbox.ExecOptions{Timeout: time.Second, User: u})
+		var se *sandbox.SandboxError
+		if !errors.As(err, &se) || se.Op != "exec" || errors.Is(err, sandbox.ErrUserNotFound) {
+			t.Errorf("Exec as %q: %v; want a plain *SandboxError of op exec", u, err)
+		}
+		_, err = sess.ExecStart(ctx, []string{"x"}, sandbox.StartOptions{Timeout: time.Second, User: u})
+		if !errors.As(err, &se) || se.Op != "exec_start" {
+			t.Errorf("ExecStart as %q: %v; want a plain *SandboxError of op exec_start", u, err)
+		}
+	}
+	f.mu.Lock()
+	if f.lastExec.Argv != nil {
+		t.Errorf("the provider got an exec with a malformed user: %+v", f.lastExec)
+	}
+	f.mu.Unlock()
+
+	plain := &fakeProvider{iso: "none"}
+	other, err := newKit(t, plain, open, -1).CreateSession(ctx, spec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = other.Exec(ctx, []string{"x"}, sandbox.ExecOptions{Timeout: time.Second, User: "nobody"})
+	if !errors.Is(err, sandbox.ErrSandbox) || !strings.Contains(err.Error(), `"nobody"`) || !strings.Contains(err.Error(), "fake") {
+		t.Errorf("Exec as nobody on a provider that runs no user: %v; want a *SandboxError naming the user and the provider", err)
+	}
+	plain.mu.Lock()
+	if plain.lastExec.Argv != nil {
+		t.Errorf("a provider that runs no user got an exec with one: %+v", plain.lastExec)
+	}
+	plain.mu.Unlock()
+	if _, err := other.Exec(ctx, []string{"x"}, sandbox.ExecOptions{Timeout: time.Second}); err != nil {
+		t.Errorf("Exec without a user on a provider that runs no user: %v", err)
 	}
 }
 

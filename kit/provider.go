@@ -101,4 +101,19 @@ type ExecRequest struct {
 	Stdin []byte
 	// Timeout is > 0.
 	Timeout time.Duration
+	// User is the user the command runs as, valid by sandbox.ValidUser;
+	// "" is the session's default user. Only a [UserRunner] gets one.
+	User string
+}
+
+// UserRunner is an optional interface of a [Provider] that runs an exec as
+// the user [ExecRequest.User] names, resolved in the session's own
+// /etc/passwd and /etc/group (a name it does not find is a
+// *sandbox.UserNotFoundError), and refuses with a *sandbox.SandboxError a
+// user it cannot run as. The kit refuses an exec with a user on a provider
+// that does not implement it, so no provider runs one as its default user
+// for not knowing the field.
+type UserRunner interface {
+	// RunsExecsAsUsers marks the provider; the kit never calls it.
+	RunsExecsAsUsers()
 }

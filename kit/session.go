@@ -135,7 +135,7 @@ func (ss *session) putLedger(ctx context.Context, st State) error {
 func (ss *session) Destroy(ctx context.Context) error { return ss.kit.destroy(ctx, ss) }
 
 func (ss *session) Exec(ctx context.Context, argv []string, opts sandbox.ExecOptions) (sandbox.ExecResult, error) {
-	req, err := ss.execRequest("exec", argv, opts.Cwd, opts.Env, opts.Timeout)
+	req, err := ss.execRequest("exec", argv, opts.Cwd, opts.Env, opts.Timeout, opts.User)
 	if err != nil {
 		return sandbox.ExecResult{}, err
 	}
@@ -144,14 +144,14 @@ func (ss *session) Exec(ctx context.Context, argv []string, opts sandbox.ExecOpt
 }
 
 func (ss *session) ExecStart(ctx context.Context, argv []string, opts sandbox.StartOptions) (sandbox.ExecHandle, error) {
-	req, err := ss.execRequest("exec_start", argv, opts.Cwd, opts.Env, opts.Timeout)
+	req, err := ss.execRequest("exec_start", argv, opts.Cwd, opts.Env, opts.Timeout, opts.User)
 	if err != nil {
 		return nil, err
 	}
 	return ss.res.ExecStart(ctx, req)
 }
 
-func (ss *session) execRequest(op string, argv []string, cwd string, env map[string]sandbox.Secret, timeout time.Duration) (ExecRequest, error) {
+func (ss *session) execRequest(op string, argv []string, cwd string, env map[string]sandbox.Secret, timeout time.Duration, user string) (ExecRequest, error) {
 	if err := ss.live(); err != nil {
 		return ExecRequest{}, err
 	}
@@ -177,6 +177,12 @@ func (ss *session) execRequest(op string, argv []string, cwd string, env map[str
 			return ExecRequest{}, sandbox.Errorf(op, "env %q: value contains a NUL byte", k)
 		}
 	}
+	if err := sandbox.ValidUser(user); err != nil {
+		return ExecRequest{}, sandbox.Errorf(op, "%v", err)
+	}
+	if _, ok := ss.kit.prov.(UserRunner); user != "" && !ok {
+		return ExecRequest{}, sandbox.Errorf(op, "user %q: the %s provider cannot run an exec as a user of its choosing; leave user unset to run as the session's default user", user, ss.kit.prov.Name())
+	}
 	p, err := ss.resolve(op, cwd, true)
 	if err != nil {
 		return ExecRequest{}, err
@@ -186,7 +192,7 @@ func (ss *session) execRequest(op string, argv []string, cwd string, env map[str
 		merged = make(map[string]sandbox.Secret, len(env))
 	}
 	maps.Copy(merged, env)
-	return ExecRequest{Argv: argv, Cwd: p, Env: merged, Timeout: timeout}, nil
+	return ExecRequest{Argv: argv, Cwd: p, Env: merged, Timeout: timeout, User: user}, nil
 }
 
 func (ss *session) PutFile(ctx context.Context, path string, data []byte) error {

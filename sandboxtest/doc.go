@@ -36,7 +36,8 @@
 // Run runs one named subtest per clause of the contract, grouped as
 // Sandbox/..., Spec/..., Session/..., Durability/..., Exec/..., ExecStart/...,
 // Cancel/..., Files/..., FileStream/..., Workspaces/... (for a sandbox that is a
-// [sandbox.WorkspaceManager]) and Restart/... (the last needs
+// [sandbox.WorkspaceManager]), User/... (execs as the user [Options.User]
+// names, or their refusal when it names none) and Restart/... (the last needs
 // [Options.Restartable]: a persistent workspace survives a restart, and
 // live sessions survive the death of the sandbox's process) (for example Exec/Timeout or ExecStart/KillDuringRun), so
 // that go test -run selects one clause. Clauses run in parallel, each on its

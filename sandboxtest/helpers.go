@@ -207,6 +207,7 @@ func mustPut(t *testing.T, ctx context.Context, sess sandbox.Session, path strin
 var kinds = []error{
 	sandbox.ErrExecTimeout, sandbox.ErrFileNotFound, sandbox.ErrSessionNotFound,
 	sandbox.ErrSpecRejected, sandbox.ErrUnavailable, sandbox.ErrOutputLimit,
+	sandbox.ErrWorkspaceNotFound, sandbox.ErrUserNotFound,
 }
 
 // wantKind fails unless err is of the sandbox family (errors.Is ErrSandbox,

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path"
@@ -23,6 +24,8 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/hostsuite"
+	"github.com/tai42/sandbox/kit"
+	"github.com/tai42/sandbox/provider/host"
 	"github.com/tai42/sandbox/sandboxtest"
 )
 
@@ -49,6 +52,22 @@ type mutant struct {
 // child of their own and against a control of their own: root reads a
 // file of mode 000, so as root (CI) Files/PermissionDenied skips.
 var asNobody = map[string]bool{"permission-not-found": true}
+
+// withoutUsers are the mutants whose clauses run on the host runner with
+// its user support hidden (the kit then refuses every exec with a user)
+// and Options.User nil, as the suite checks a provider that runs none,
+// against a control of their own.
+var withoutUsers = map[string]bool{"user-unsupported-runs": true}
+
+// withoutUsersEnv tells a child to run on the host runner withoutUsers
+// describes.
+const withoutUsersEnv = "TAI42_MUTANT_WITHOUT_USERS"
+
+// variant is how a mutant's child runs: as root on the host runner, as
+// Nobody, or without user support.
+type variant struct{ nobody, noUsers bool }
+
+func variantOf(name string) variant { return variant{asNobody[name], withoutUsers[name]} }
 
 // wrapCfg are the wraps, by mutant name, of bugs that need the Config the
 // host runner was made with (its Logger); such a mutant has no wrap.
@@ -837,6 +856,47 @@ var mutants = []mutant{
 			}
 			return err
 		}), nil},
+
+	// Execs as users.
+	{"user-ignored", "an exec's user is dropped: it runs as the session's default user", []string{"User/(Name|ExecStart)"},
+		users(func(string) string { return "" }), nil},
+	{"user-malformed-default", "a malformed user is taken for the default user instead of refused", []string{"User/Malformed"},
+		users(func(u string) string {
+			if sandbox.ValidUser(u) != nil {
+				return ""
+			}
+			return u
+		}), nil},
+	{"user-uid-as-default", "an exec as a uid or uid:gid runs as the default user", []string{"User/UID"},
+		users(func(u string) string {
+			if strings.Trim(u, "0123456789:") == "" {
+				return ""
+			}
+			return u
+		}), nil},
+	{"user-not-found-plain", "a UserNotFoundError is a plain SandboxError with the same text", []string{"User/Unknown"},
+		execErr(func(err error) error {
+			if errors.Is(err, sandbox.ErrUserNotFound) {
+				return sandbox.Errorf("exec", "%s", err.Error())
+			}
+			return err
+		}), nil},
+	{"user-home-root", "an exec as a user keeps root's HOME", []string{"User/Home"},
+		sessions(func(s sandbox.Session) sandbox.Session {
+			return &hookedSession{Session: s, exec: func(ctx context.Context, argv []string, opts sandbox.ExecOptions) (sandbox.ExecResult, error) {
+				if _, ok := opts.Env["HOME"]; opts.User != "" && !ok {
+					opts.Env = maps.Clone(opts.Env)
+					if opts.Env == nil {
+						opts.Env = map[string]sandbox.Secret{}
+					}
+					opts.Env["HOME"] = sandbox.NewSecret("/root")
+				}
+				return s.Exec(ctx, argv, opts)
+			}}
+		}), nil},
+	// Run on a provider that runs no user (see withoutUsers).
+	{"user-unsupported-runs", "a provider that runs no exec as a user runs one as its default user", []string{"User/Refused"},
+		users(func(string) string { return "" }), nil},
 }
 
 // pendingMutants are bugs TestMutants does not run, each with the reason:
@@ -888,26 +948,22 @@ func TestMutants(t *testing.T) {
 	if _, err := os.Stat(os.Args[0]); err != nil {
 		t.Fatalf("cannot re-run the test binary %s for the mutants: %v", os.Args[0], err)
 	}
-	var all, allNobody []string
+	if os.Geteuid() != 0 {
+		// Already unprivileged: the clauses of asNobody run as this user.
+		clear(asNobody)
+	}
+	variants := []variant{{}, {nobody: true}, {noUsers: true}}
+	clauses := map[variant][]string{} // each variant's control runs them all
 	for _, m := range mutants {
 		if len(m.clauses) == 0 || (m.wrap == nil && m.config == nil && wrapCfg[m.name] == nil) {
 			t.Fatalf("mutant %s: it needs clauses and a wrap or config", m.name)
 		}
-		list := &all
-		if asNobody[m.name] {
-			list = &allNobody
-		}
+		v := variantOf(m.name)
 		for _, c := range m.clauses {
-			if !slices.Contains(*list, c) {
-				*list = append(*list, c)
+			if !slices.Contains(clauses[v], c) {
+				clauses[v] = append(clauses[v], c)
 			}
 		}
-	}
-	if len(allNobody) > 0 && os.Geteuid() != 0 {
-		// Already unprivileged: those clauses run as this user.
-		all = append(all, allNobody...)
-		allNobody = nil
-		clear(asNobody)
 	}
 	ctx := t.Context()
 	if d, ok := t.Deadline(); ok {
@@ -918,12 +974,15 @@ func TestMutants(t *testing.T) {
 	type job struct {
 		name    string
 		clauses []string
-		nobody  bool
+		v       variant
 		res     childResult
 	}
-	jobs := []*job{{name: controlName, clauses: all}, {name: controlName, clauses: allNobody, nobody: true}}
+	var jobs []*job
+	for _, v := range variants {
+		jobs = append(jobs, &job{name: controlName, clauses: clauses[v], v: v})
+	}
 	for _, m := range mutants {
-		jobs = append(jobs, &job{name: m.name, clauses: m.clauses, nobody: asNobody[m.name]})
+		jobs = append(jobs, &job{name: m.name, clauses: m.clauses, v: variantOf(m.name)})
 	}
 	begin := time.Now()
 	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
@@ -933,30 +992,33 @@ func TestMutants(t *testing.T) {
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			if len(j.clauses) > 0 {
-				j.res = runMutantChild(t, ctx, j.name, j.clauses, j.nobody)
+				j.res = runMutantChild(t, ctx, j.name, j.clauses, j.v)
 			}
 		})
 	}
 	wg.Wait()
 	total := time.Since(begin)
 
-	controls := map[bool]childResult{false: jobs[0].res, true: jobs[1].res}
-	for nobody, control := range controls {
+	controls := map[variant]childResult{}
+	for i, v := range variants {
+		controls[v] = jobs[i].res
+	}
+	for v, control := range controls {
 		if control.err != nil && len(control.failed()) == 0 {
-			t.Fatalf("the control run (the real host runner; as nobody: %v) could not run: %v\n%s", nobody, control.err, control.tail())
+			t.Fatalf("the control run (the real host runner; %+v) could not run: %v\n%s", v, control.err, control.tail())
 		}
 		for _, c := range control.failed() {
-			t.Errorf("the clause %s fails on the real host runner (the control run; as nobody: %v); it cannot kill a mutant:\n%s", c, nobody, control.tail())
+			t.Errorf("the clause %s fails on the real host runner (the control run; %+v); it cannot kill a mutant:\n%s", c, v, control.tail())
 		}
 	}
-	control := controls[false]
+	control := controls[variant{}]
 	var summary strings.Builder
 	fmt.Fprintf(&summary, "%-28s %-8s %7s  %s\n", "MUTANT", "RESULT", "TIME", "CLAUSES (killed by)")
 	killed := 0
-	for _, j := range jobs[2:] {
+	for _, j := range jobs[len(variants):] {
 		var by []string
 		for _, c := range j.res.failed() {
-			if controls[j.nobody].status[c] == "PASS" {
+			if controls[j.v].status[c] == "PASS" {
 				by = append(by, c)
 			}
 		}
@@ -1034,8 +1096,8 @@ func (r childResult) tail() string {
 var resultLine = regexp.MustCompile(`^\s*--- (PASS|FAIL|SKIP): TestMutants/([^/\s]+/[^/\s]+) \(`)
 
 // runMutantChild runs this test binary again on the clauses with mutantEnv
-// set to name, as hostsuite.Nobody when nobody is set.
-func runMutantChild(t *testing.T, ctx context.Context, name string, clauses []string, nobody bool) childResult {
+// set to name, as its variant v says.
+func runMutantChild(t *testing.T, ctx context.Context, name string, clauses []string, v variant) childResult {
 	var alts []string
 	for _, c := range clauses {
 		group, clause, _ := strings.Cut(c, "/")
@@ -1043,7 +1105,10 @@ func runMutantChild(t *testing.T, ctx context.Context, name string, clauses []st
 	}
 	cmd := exec.Command(os.Args[0], "-test.run="+strings.Join(alts, "|"), "-test.v", "-test.count=1", "-test.timeout=5m")
 	cmd.Env = append(os.Environ(), mutantEnv+"="+name)
-	if nobody {
+	if v.noUsers {
+		cmd.Env = append(cmd.Env, withoutUsersEnv+"=1")
+	}
+	if v.nobody {
 		hostsuite.AsNobody(t, cmd)
 	}
 	cmd.WaitDelay = 10 * time.Second
@@ -1071,11 +1136,15 @@ func runChild(t *testing.T, name string) {
 		}
 		m = mutants[i]
 	}
+	opts, newHost := hostsuite.Options(t), func(t *testing.T, cfg sandboxtest.Config) sandbox.Sandbox { return hostsuite.New(t, cfg) }
+	if os.Getenv(withoutUsersEnv) == "1" {
+		opts.User, newHost = nil, hostWithoutUsers
+	}
 	sandboxtest.Run(t, func(t *testing.T, cfg sandboxtest.Config) sandbox.Sandbox {
 		if m.config != nil {
 			cfg = m.config(cfg)
 		}
-		var sb sandbox.Sandbox = hostsuite.New(t, cfg)
+		sb := newHost(t, cfg)
 		if m.wrap != nil {
 			sb = m.wrap(sb)
 		}
@@ -1083,7 +1152,30 @@ func runChild(t *testing.T, name string) {
 			sb = w(sb, cfg)
 		}
 		return sb
-	}, hostsuite.Options(t))
+	}, opts)
+}
+
+// noUsers is a provider with its user support hidden: no kit.UserRunner.
+type noUsers struct{ kit.Provider }
+
+// hostWithoutUsers is a host runner whose kit refuses every exec with a
+// user, as a provider that runs none would have it: its provider wrapped
+// in noUsers. Its state is in memory; it is closed at the end of t.
+func hostWithoutUsers(t *testing.T, cfg sandboxtest.Config) sandbox.Sandbox {
+	p, err := host.NewProvider(host.Options{StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := kit.New(noUsers{p}, kit.Options{Policy: cfg.Policy, ReapInterval: cfg.ReapInterval, Logger: cfg.Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sb.Close(context.Background()); err != nil {
+			t.Errorf("closing the host sandbox: %v", err)
+		}
+	})
+	return sb
 }
 
 // hookedSandbox is a sandbox whose set hooks replace its methods.
@@ -1297,6 +1389,21 @@ func execResult(f func(sandbox.ExecResult) sandbox.ExecResult) func(sandbox.Sand
 			}
 			return res, err
 		}}
+	})
+}
+
+// users rewrites the user of every exec and interactive exec with f.
+func users(f func(string) string) func(sandbox.Sandbox) sandbox.Sandbox {
+	return sessions(func(s sandbox.Session) sandbox.Session {
+		return &hookedSession{Session: s,
+			exec: func(ctx context.Context, argv []string, opts sandbox.ExecOptions) (sandbox.ExecResult, error) {
+				opts.User = f(opts.User)
+				return s.Exec(ctx, argv, opts)
+			},
+			execStart: func(ctx context.Context, argv []string, opts sandbox.StartOptions) (sandbox.ExecHandle, error) {
+				opts.User = f(opts.User)
+				return s.ExecStart(ctx, argv, opts)
+			}}
 	})
 }
 

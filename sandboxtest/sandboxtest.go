@@ -55,6 +55,10 @@ type Options struct {
 	// KillStopsLeftovers is the documented behaviour that Kill on a handle
 	// whose command already exited also ends the processes it left running.
 	KillStopsLeftovers bool
+	// User, when set, names a user the provider runs an exec as (see
+	// [UserOptions]): the User clauses run execs as it. nil: the provider
+	// runs no exec as a user, and must refuse one with a *SandboxError.
+	User *UserOptions
 	// Logs: the factories pass Config.Logger to the provider, whose every
 	// log line goes through it; the suite then checks those lines for
 	// secrets. Otherwise that clause skips.
@@ -103,6 +107,9 @@ func Run(t *testing.T, newSandbox Factory, opts Options) {
 			t.Fatalf("sandboxtest.Run: Options.Networks holds %q, not one of none, internal, egress", n)
 		}
 	}
+	if u := opts.User; u != nil && (u.Name == "" || sandbox.ValidUser(u.Name) != nil || u.UID < 0 || u.GID < 0 || u.Home == "") {
+		t.Fatalf("sandboxtest.Run: Options.User %+v must name a user (a name, its uid and gid, its home)", *u)
+	}
 	markHostEnv(t)
 
 	s := &suite{factory: newSandbox, opts: opts}
@@ -121,6 +128,7 @@ func Run(t *testing.T, newSandbox Factory, opts Options) {
 		{"FileStream", s.fileStreamClauses()},
 		{"Restart", s.restartClauses()},
 		{"Workspaces", s.workspaceClauses()},
+		{"User", s.userClauses()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

@@ -543,6 +543,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		Env:     sandbox.SecretEnv(req.Env),
 		Stdin:   stdin,
 		Timeout: timeout,
+		User:    req.User,
 	})
 	s.met.execDuration.WithLabelValues(modeExec).Observe(time.Since(start).Seconds())
 	s.met.streamed(dirStdin, len(stdin))

@@ -283,6 +283,7 @@ func (st *execStream) run() {
 		Cwd:     req.Cwd,
 		Env:     sandbox.SecretEnv(req.Env),
 		Timeout: safetyTimeout(st.requested),
+		User:    req.User,
 	})
 	if err != nil {
 		st.closeStarted()

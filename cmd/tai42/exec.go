@@ -22,14 +22,19 @@ type execFlags struct {
 	timeoutSet bool
 	env        []string
 	workdir    string
+	user       string
 	noStdin    bool
 }
 
-// addExecFlags registers --timeout, --env and --workdir.
+// userHelp is the help of --user.
+const userHelp = "run the command as `USER` of the session: a name, a uid or uid:gid, resolved in the session's /etc/passwd and /etc/group; HOME becomes its home (default: the session's default user, root)"
+
+// addExecFlags registers --timeout, --env, --workdir and --user.
 func addExecFlags(fl *pflag.FlagSet, f *execFlags, timeout time.Duration, timeoutHelp string) {
 	fl.DurationVar(&f.timeout, "timeout", timeout, timeoutHelp)
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "set K=V in the command's environment, or K to pass the caller's K (repeatable; values are never printed)")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "the command's working directory, relative to the workspace; it must exist (default: the workspace)")
+	fl.StringVarP(&f.user, "user", "u", "", userHelp)
 }
 
 // startOptions validates f into the options of an exec; the timeout is
@@ -42,11 +47,14 @@ func (f execFlags) startOptions(lookupEnv func(string) (string, bool), def time.
 	if err != nil {
 		return sandbox.StartOptions{}, usagef(err)
 	}
+	if err := sandbox.ValidUser(f.user); err != nil {
+		return sandbox.StartOptions{}, usagef(fmt.Errorf("--%v", err))
+	}
 	timeout := def
 	if f.timeoutSet {
 		timeout = f.timeout
 	}
-	return sandbox.StartOptions{Cwd: f.workdir, Env: env, Timeout: timeout}, nil
+	return sandbox.StartOptions{Cwd: f.workdir, Env: env, Timeout: timeout, User: f.user}, nil
 }
 
 // execCmd is "tai42 exec ID [flags] -- CMD [ARGS...]".
@@ -63,14 +71,22 @@ CMD's exit code. The session stays: "tai42 rm" destroys it.
 Flags go before ID, or after it followed by "--". Without flags after ID,
 "--" may be left out as long as CMD does not start with "-".
 
+With --user, CMD runs as that user of the session (a name, a uid, or
+uid:gid, looked up in the session's own /etc/passwd and /etc/group), with
+HOME its home unless -e sets HOME, starting in the workdir even where the
+user may not enter it; a name the session does not know is an error
+naming it, and nothing runs.
+
 Exit codes: CMD's own; 124 when CMD exceeded --timeout (the partial output's
-lengths are printed); 2 for a usage error; 1 for another error (an unknown
-session, a refused token, a daemon that cannot be reached); 128+N when
-tai42 got signal N (the command is killed).`,
+lengths are printed); 2 for a usage error (a malformed --user among them);
+1 for another error (an unknown session or user, a refused token, a daemon
+that cannot be reached); 128+N when tai42 got signal N (the command is
+killed).`,
 		Example: `  tai42 exec "$id" -- sh -c 'echo out; echo err >&2; exit 3'; echo $?
   tai42 exec "$id" ls -la
   printf 'b\na\n' | tai42 exec "$id" sort
   tai42 exec "$id" --timeout 10m -e API_KEY -w src -- make test
+  tai42 exec -u nobody "$id" -- id -u   # as the session's nobody
   tai42 exec -n "$id" -- ./server.sh   # no stdin`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -30,16 +30,21 @@ With $TAI42_URL (or --url) set, the session is created on that daemon
 policy, provider and state directory are then the daemon's, and the
 --policy-*, --provider and --state-dir flags are refused.
 
+With --user, CMD runs as that user of the session, as "tai42 exec --user"
+runs it.
+
 Exit codes: CMD's own; 124 when CMD exceeded --timeout (the partial output's
-lengths are printed); 2 for a usage error, a rejected spec or an unknown
-provider; 1 for another sandbox error; 128+N when tai42 got signal N
-(130 for SIGINT, 143 for SIGTERM).`,
+lengths are printed); 2 for a usage error (a malformed --user among them),
+a rejected spec or an unknown provider; 1 for another sandbox error (an
+unknown user among them); 128+N when tai42 got signal N (130 for SIGINT,
+143 for SIGTERM).`,
 		Example: `  tai42 run -- sh -c 'echo out; echo err >&2; exit 3'
   echo hello | tai42 run -- cat
   tai42 run --env GREETING=hi --env HOME -- sh -c 'echo $GREETING'
   tai42 run --put ./data.csv:in/data.csv --workdir in -- wc -l data.csv
   tai42 run --persistent myproj --ttl 1h --timeout 30m -- make
   tai42 run --network egress -- curl -sI https://example.com
+  tai42 run --user nobody -- id -un                # as the session's nobody
   tai42 run --policy-egress none --network egress -- true   # rejected, exit 2
   TAI42_URL=http://127.0.0.1:4242 tai42 run -- uname -a    # on a daemon`,
 		Args: cobra.ArbitraryArgs,
@@ -65,6 +70,7 @@ provider; 1 for another sandbox error; 128+N when tai42 got signal N
 	addSessionFlags(fl, &f)
 	fl.DurationVar(&f.timeout, "timeout", 0, "kill CMD after this Go duration, > 0 (default: the provider's exec default, 60s)")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "CMD's working directory, relative to the workspace; it must exist (default: the workspace)")
+	fl.StringVarP(&f.user, "user", "u", "", userHelp)
 	fl.StringArrayVar(&f.puts, "put", nil, "copy a local file into the workspace before CMD runs: `LOCAL[:REMOTE]`, split at the first ':'; REMOTE defaults to LOCAL's base name (repeatable)")
 	fl.BoolVarP(&f.noStdin, "no-stdin", "n", false, "give CMD an empty stdin instead of streaming this one")
 	provider := defaultProvider

@@ -112,7 +112,7 @@ func (c *cli) execute(ctx context.Context, in *interruption, sb sandbox.Sandbox,
 		// A client that could not learn its daemon's default.
 		timeout = kit.DefaultExecTimeout
 	}
-	return c.interact(ctx, in, sess, p.argv, sandbox.StartOptions{Cwd: p.cwd, Timeout: timeout}, p.noStdin)
+	return c.interact(ctx, in, sess, p.argv, sandbox.StartOptions{Cwd: p.cwd, Timeout: timeout, User: p.user}, p.noStdin)
 }
 
 // interact runs argv in sess as an interactive exec: c's stdin streamed to

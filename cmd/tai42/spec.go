@@ -23,6 +23,7 @@ type runFlags struct {
 	labels     []string
 	puts       []string
 	workdir    string
+	user       string
 	persistent string
 	cpu        float64
 	memoryMB   int
@@ -64,6 +65,7 @@ type plan struct {
 	policy   sandbox.Policy
 	argv     []string
 	cwd      string
+	user     string
 	timeout  time.Duration // 0: the sandbox's ExecDefaultTimeout
 	puts     []putSpec
 	provider string
@@ -84,6 +86,9 @@ func buildPlan(f runFlags, argv []string, lookupEnv func(string) (string, bool))
 	puts, err := parsePuts(f.puts)
 	if err != nil {
 		return plan{}, usagef(err)
+	}
+	if err := sandbox.ValidUser(f.user); err != nil {
+		return plan{}, usagef(fmt.Errorf("--%v", err))
 	}
 	pol := sandbox.Policy{
 		Egress:    sandbox.Network(f.policyEgress),
@@ -106,6 +111,7 @@ func buildPlan(f runFlags, argv []string, lookupEnv func(string) (string, bool))
 		policy:   pol,
 		argv:     argv,
 		cwd:      f.workdir,
+		user:     f.user,
 		timeout:  timeout,
 		puts:     puts,
 		provider: f.provider,

@@ -68,11 +68,15 @@ func connError(ctx context.Context, op, what string, err error) error {
 }
 
 // toError turns an error frame into the error the host runner returns for
-// the same situation: *sandbox.FileNotFoundError for kind not_found, else
-// a *sandbox.SandboxError (whose Op is op when the frame names none).
+// the same situation: *sandbox.FileNotFoundError for kind not_found,
+// *sandbox.UserNotFoundError for user_not_found, else a
+// *sandbox.SandboxError (whose Op is op when the frame names none).
 func (ef *errorFrame) toError(op string) error {
-	if ef.Kind == kindNotFound {
+	switch ef.Kind {
+	case kindNotFound:
 		return &sandbox.FileNotFoundError{Path: ef.Path}
+	case kindUserNotFound:
+		return &sandbox.UserNotFoundError{User: ef.User}
 	}
 	e := &sandbox.SandboxError{Op: ef.Op, Message: ef.Message}
 	if e.Op == "" {
@@ -84,9 +88,10 @@ func (ef *errorFrame) toError(op string) error {
 	return e
 }
 
-// Ping checks that the agent is ready and speaks this client's protocol
-// version. Errors are *sandbox.SandboxError: the agent cannot be reached,
-// or the versions differ (the message names both).
+// Ping checks that the agent is ready and speaks version 1 of the
+// protocol, which every request but an exec with a user is written in.
+// Errors are *sandbox.SandboxError: the agent cannot be reached, or the
+// versions differ (the message names both).
 func (c *Client) Ping(ctx context.Context) error {
 	const op = "ping"
 	fc, err := c.connect(ctx, op)
@@ -95,7 +100,7 @@ func (c *Client) Ping(ctx context.Context) error {
 	}
 	defer fc.Close()
 	defer guard(ctx, fc.c)()
-	if err := fc.writeJSON(frameRequest, request{V: Version, Op: "ping"}); err != nil {
+	if err := fc.writeJSON(frameRequest, request{V: minVersion, Op: "ping"}); err != nil {
 		return connError(ctx, op, "cannot send the ping", err)
 	}
 	var rep pingReply
@@ -105,8 +110,8 @@ func (c *Client) Ping(ctx context.Context) error {
 		return connError(ctx, op, "no answer to the ping", err)
 	case ef != nil:
 		return ef.toError(op)
-	case rep.V != Version:
-		return sandbox.Errorf(op, "protocol version mismatch: the client speaks version %d, the agent speaks version %d", Version, rep.V)
+	case rep.V != minVersion:
+		return sandbox.Errorf(op, "protocol version mismatch: the client pinged in version %d, the agent answered in version %d", minVersion, rep.V)
 	}
 	return nil
 }
@@ -126,7 +131,7 @@ func (c *Client) PutFile(ctx context.Context, f FileRef, r io.Reader) error {
 	}
 	defer fc.Close() // before the end frame, this makes the agent drop the upload
 	defer guard(ctx, fc.c)()
-	req := request{V: Version, Op: "put", Root: f.Root, Rel: f.Rel, Orig: f.Orig, Sync: f.Sync}
+	req := request{V: minVersion, Op: "put", Root: f.Root, Rel: f.Rel, Orig: f.Orig, Sync: f.Sync}
 	req.encodeBytes()
 	if err := fc.writeJSON(frameRequest, req); err != nil {
 		return connError(ctx, op, fmt.Sprintf("%q: cannot send the request", f.Orig), err)
@@ -200,7 +205,7 @@ func (c *Client) OpenFile(ctx context.Context, f FileRef) (io.ReadCloser, int64,
 		return nil, 0, err
 	}
 	disarm := guard(ctx, fc.c)
-	req := request{V: Version, Op: "get", Root: f.Root, Rel: f.Rel, Orig: f.Orig}
+	req := request{V: minVersion, Op: "get", Root: f.Root, Rel: f.Rel, Orig: f.Orig}
 	req.encodeBytes()
 	var rep getReply
 	var ef *errorFrame

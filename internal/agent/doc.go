@@ -7,7 +7,7 @@
 // talks to it through a [Client]; the agent serves with [Serve] (or
 // [ServeFD], which the hidden "tai42 agent" command calls).
 //
-// # Protocol, version 1 (normative)
+// # Protocol, versions 1 and 2 (normative)
 //
 // The protocol runs over reliable, ordered byte streams ("connections"): a
 // unix socket for containers, later a multiplexed serial port or exec
@@ -49,27 +49,35 @@
 //
 //	{"v": 1, "op": "ping"|"exec"|"attach"|"put"|"get", ...}
 //
-// "v" is the client's protocol version. An agent that speaks another
-// version answers an error frame of kind "version" whose message names both
-// versions, and closes the connection. JSON strings cannot carry bytes that
+// "v" is the protocol version the request is written in. Version 2 is
+// version 1 with an exec's "user"; a client writes an exec with a user in
+// version 2 and every other request in version 1, so that it keeps working
+// with an agent that speaks version 1 alone (a session started by an older
+// tai42), which refuses only the exec with a user. An agent speaks
+// versions 1 and 2; to a request of another version it answers an error
+// frame of kind "version" whose message names the versions, and closes the
+// connection. A request of version 1 that sets "user" is a protocol error. JSON strings cannot carry bytes that
 // are not UTF-8 (an encoder replaces them), so when any string of a request
 // is not valid UTF-8 the client sets "b64": true and sends every string of
-// the request (argv, env, dir, dir_orig, root, rel, orig) as the standard
+// the request (argv, env, dir, dir_orig, root, rel, orig, user) as the standard
 // base64 of its bytes.
 //
 // Error frame:
 //
-//	{"kind": "sandbox"|"not_found"|"version"|"protocol",
-//	 "op": "put_file", "message": "...", "cause": "...", "path": "..."}
+//	{"kind": "sandbox"|"not_found"|"user_not_found"|"version"|"protocol",
+//	 "op": "put_file", "message": "...", "cause": "...", "path": "...", "user": "..."}
 //
 // "not_found" (get) means nothing exists at the path; "path" is the
-// caller's original path. "sandbox" is any other failure the caller should
+// caller's original path. "user_not_found" (exec, version 2) means the
+// exec's user is a name with no entry in the agent's /etc/passwd; "user"
+// is that name. "sandbox" is any other failure the caller should
 // see: "op" (may be empty: the client then uses its own) and "message" say
 // what failed, "cause" is the underlying error's text. "protocol" means the
 // peer broke the protocol. After an error frame the agent closes the
 // connection.
 //
-// ping: the reply is {"v": 1}: the agent is ready and speaks version 1.
+// ping: the reply is {"v": n}, n the request's version: the agent is
+// ready and speaks it. A client pings in version 1.
 //
 // exec: the request carries
 //
@@ -83,11 +91,24 @@
 //	"stdin_len": n       non-interactive: n > 0 bytes of stdin follow
 //	"interactive": true  stdin is a pipe fed by data frames; output goes on
 //	                     a second connection (attach)
+//	"user": "..."        version 2, optional: the user the command runs as
+//	                     (sandbox.ValidUser's forms: a name, a uid, uid:gid)
 //
 // A non-interactive exec with "stdin_len" n > 0 is followed by data frames
 // carrying exactly n bytes; the agent reads them all before it starts the
 // command, and writes them to the command's stdin pipe, which it then
 // closes. Without stdin the command reads /dev/null.
+//
+// With a user, the agent resolves it in its own /etc/passwd and /etc/group
+// (the session's: it is PID 1 of the session's root) as sandbox.ValidUser
+// documents, and answers an error frame of kind user_not_found for a name
+// with no passwd entry, or of kind sandbox for a user whose uid, gid or a
+// supplementary group its user namespace does not map (the message names
+// the id and the mapped ranges) or whose files cannot be read. The command
+// then runs with those ids (setgroups, setgid, setuid in the child), and
+// env gets HOME=<the user's home> when it has no HOME. The child enters
+// dir before it takes the user's ids, as runc does, so it starts in a dir
+// the user may not enter.
 //
 // The agent checks the cwd (an error frame "cwd %q does not exist in the
 // workspace", "cwd %q is not a directory", or "cwd %q: it leads out of the
@@ -116,7 +137,8 @@
 // for the whole grace, so the output was cut there.
 //
 // Interactive exec: after {"id": n} the client opens a second connection
-// and sends {"v": 1, "op": "attach", "id": n}; the agent answers {} and
+// and sends {"v": 1, "op": "attach", "id": n} (in version 1 whatever the
+// exec's); the agent answers {} and
 // then the stdout and stderr frames of the exec, and an end frame once both
 // pipes are done (end-of-file, a kill, or the grace). The agent does not
 // read the pipes before the attach, so no output is lost; an exec not

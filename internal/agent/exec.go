@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,7 +15,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/oscmd"
+	"github.com/tai42/sandbox/internal/unixuser"
 )
 
 // waitResult is a reaped command's status.
@@ -178,7 +181,16 @@ func (s *server) startExec(c *frameConn, req *request, stdinPipe bool) (*execPro
 	case !fi.IsDir():
 		return nil, nil, sandboxError("", fmt.Sprintf("cwd %q is not a directory", req.DirOrig), nil)
 	}
-	path, code, msg := oscmd.LookPath(req.Argv[0], pathEnv(req.Env), req.Dir)
+	var cred *syscall.Credential
+	env := req.Env
+	if req.User != "" {
+		u, ef := resolveUser(req.User)
+		if ef != nil {
+			return nil, nil, ef
+		}
+		cred, env = u.Credential(), withHome(env, u.Home)
+	}
+	path, code, msg := oscmd.LookPath(req.Argv[0], pathEnv(env), req.Dir)
 	if code != 0 {
 		return nil, &startReply{Failed: true, ExitCode: code, Message: []byte(msg)}, nil
 	}
@@ -237,9 +249,16 @@ func (s *server) startExec(c *frameConn, req *request, stdinPipe bool) (*execPro
 	}
 	attr := &syscall.ProcAttr{
 		Dir:   req.Dir,
-		Env:   req.Env, // nil: an empty environment
+		Env:   env, // nil: an empty environment
 		Files: []uintptr{uintptr(child[0]), uintptr(child[1]), uintptr(child[2])},
-		Sys:   &syscall.SysProcAttr{Setpgid: true},
+		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: cred},
+	}
+	var pid int
+	fork := func() (err error) { pid, err = syscall.ForkExec(path, req.Argv, attr); return err }
+	if cred != nil {
+		attr.Dir = ""
+		inDir := fork
+		fork = func() error { return s.forkIn(req.Dir, inDir) }
 	}
 
 	s.mu.Lock()
@@ -247,8 +266,7 @@ func (s *server) startExec(c *frameConn, req *request, stdinPipe bool) (*execPro
 		s.mu.Unlock()
 		err = errors.New("the agent is shutting down")
 	} else {
-		var pid int
-		pid, err = syscall.ForkExec(path, req.Argv, attr)
+		err = fork()
 		if err == nil {
 			s.nextID++
 			e.id, e.pid = s.nextID, pid
@@ -266,12 +284,63 @@ func (s *server) startExec(c *frameConn, req *request, stdinPipe bool) (*execPro
 	closeChild()
 	if err != nil {
 		closeParent()
+		if pe, ok := errors.AsType[*os.PathError](err); ok && pe.Op == "chdir" {
+			return nil, nil, sandboxError("", fmt.Sprintf("cwd %q", req.DirOrig), pe.Err)
+		}
 		if code, msg := oscmd.StartFailure(req.Argv[0], err); code != 0 {
 			return nil, &startReply{Failed: true, ExitCode: code, Message: []byte(msg)}, nil
 		}
 		return nil, nil, sandboxError("", "cannot start the command", err)
 	}
 	return e, nil, nil
+}
+
+// forkIn runs fork, which forks, with the agent's own working directory at
+// dir, so that the child starts in dir before it takes its user's ids:
+// Go's fork enters attr.Dir after them, where the user may be refused (the
+// workspace is root's, mode 0700), and runc too enters the cwd before it
+// switches users. The caller holds s.mu, as every fork does, so no other
+// fork sees dir; nothing else in the agent uses a relative path. The agent
+// then returns to its directory of before. (A thread of its own, as
+// nsthread.InDir makes, would leave the process's directory alone, but
+// the session's seccomp profile refuses unshare.)
+func (s *server) forkIn(dir string, fork func() error) error {
+	if err := unix.Chdir(dir); err != nil {
+		return &os.PathError{Op: "chdir", Path: dir, Err: err}
+	}
+	defer func() {
+		if err := unix.Fchdir(s.cwd); err != nil {
+			s.log.Warn("agent: cannot return to its working directory after an exec as a user", "err", err)
+		}
+	}()
+	return fork()
+}
+
+// resolveUser resolves an exec's user in the agent's own /etc/passwd and
+// /etc/group, the session's, and checks that the session's user namespace
+// maps its ids; else it returns the error frame to answer.
+func resolveUser(spec string) (unixuser.User, *errorFrame) {
+	u, err := unixuser.Lookup("/", spec)
+	if nf, ok := errors.AsType[*sandbox.UserNotFoundError](err); ok {
+		return u, &errorFrame{Kind: kindUserNotFound, User: nf.User, Message: nf.Error()}
+	}
+	if err != nil {
+		return u, sandboxError("", fmt.Sprintf("user %q", spec), err)
+	}
+	if err := unixuser.CheckMapped(u); err != nil {
+		return u, sandboxError("", fmt.Sprintf("user %q cannot run in this session: %v", spec, err), nil)
+	}
+	return u, nil
+}
+
+// withHome is env with HOME=home added, unless env sets HOME.
+func withHome(env []string, home string) []string {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "HOME=") {
+			return env
+		}
+	}
+	return append(slices.Clip(env), "HOME="+home)
 }
 
 // newPipe makes a pipe whose child end stays blocking (a command expects

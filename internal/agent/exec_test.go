@@ -40,8 +40,8 @@ func TestVersionMismatchAgentSide(t *testing.T) {
 		if err != nil || ef == nil {
 			t.Fatalf("%s: got (%v, %v), want an error frame", op, ef, err)
 		}
-		if ef.Kind != kindVersion || !strings.Contains(ef.Message, "version 7") || !strings.Contains(ef.Message, fmt.Sprintf("version %d", Version)) {
-			t.Errorf("%s: error frame %+v, want kind version naming versions 7 and %d", op, ef, Version)
+		if want := fmt.Sprintf("versions %d to %d", minVersion, Version); ef.Kind != kindVersion || !strings.Contains(ef.Message, "version 7") || !strings.Contains(ef.Message, want) {
+			t.Errorf("%s: error frame %+v, want kind version naming version 7 and %s", op, ef, want)
 		}
 		err = ef.toError("ping")
 		var se *sandbox.SandboxError
@@ -68,13 +68,13 @@ func TestVersionMismatchClientSide(t *testing.T) {
 		defer nc.Close()
 		fc := newFrameConn(nc)
 		if _, _, err := fc.read(nil); err == nil {
-			_ = fc.writeJSON(frameReply, pingReply{V: Version + 1})
+			_ = fc.writeJSON(frameReply, pingReply{V: 7})
 		}
 	})
 	t.Cleanup(func() { ln.Close(); wg.Wait() })
 	err = dialer(sock).Ping(context.Background())
 	var se *sandbox.SandboxError
-	want := fmt.Sprintf("the client speaks version %d, the agent speaks version %d", Version, Version+1)
+	want := fmt.Sprintf("the client pinged in version %d, the agent answered in version 7", minVersion)
 	if !errors.As(err, &se) || !strings.Contains(err.Error(), want) {
 		t.Fatalf("Ping against a newer agent: %v, want a SandboxError saying %q", err, want)
 	}
@@ -733,6 +733,7 @@ func TestProtocolErrors(t *testing.T) {
 		{frameRequest, "not json"},
 		{frameRequest, `{"v":1,"op":"dance"}`},
 		{frameRequest, `{"v":1,"op":"exec","argv":[],"dir":"/"}`},
+		{frameRequest, `{"v":1,"op":"exec","argv":["true"],"dir":"/","user":"nobody"}`},
 		{frameRequest, `{"v":1,"op":"get","root":"/workspace/../x","rel":"a"}`},
 		{frameRequest, `{"v":1,"op":"get","root":"/","rel":"../a"}`},
 	} {
@@ -756,11 +757,11 @@ func TestProtocolErrors(t *testing.T) {
 		t.Error("the agent answered an oversized frame")
 	}
 	// A request encodes with base64 strings when needed, and decodes back.
-	r := request{Argv: []string{"a\xff"}, Rel: "ok"}
+	r := request{Argv: []string{"a\xff"}, Rel: "ok", User: "nobody"}
 	r.encodeBytes()
 	b, _ := json.Marshal(r)
 	var back request
-	if err := json.Unmarshal(b, &back); err != nil || back.decodeBytes() != nil || back.Argv[0] != "a\xff" || back.Rel != "ok" {
+	if err := json.Unmarshal(b, &back); err != nil || back.decodeBytes() != nil || back.Argv[0] != "a\xff" || back.Rel != "ok" || back.User != "nobody" {
 		t.Errorf("base64 round trip: %+v", back)
 	}
 }

@@ -12,8 +12,16 @@ import (
 	"unicode/utf8"
 )
 
-// Version is the protocol version this package speaks.
-const Version = 1
+// The protocol versions this package speaks: every version from
+// minVersion to Version. A request is written in the lowest version that
+// carries it (userVersion for an exec with a user, else minVersion), so a
+// client of this package keeps working with an agent that speaks only
+// version 1, as a session started by an older tai42 runs.
+const (
+	Version     = 2
+	minVersion  = 1
+	userVersion = 2 // adds the exec's "user"
+)
 
 const (
 	headerLen  = 5
@@ -45,6 +53,8 @@ const (
 	kindNotFound = "not_found"
 	kindVersion  = "version"
 	kindProtocol = "protocol"
+	// kindUserNotFound: an exec's user names no passwd entry (version 2).
+	kindUserNotFound = "user_not_found"
 )
 
 // Ack outcomes.
@@ -70,6 +80,7 @@ type request struct {
 	GraceNS     int64    `json:"grace_ns,omitempty"`
 	StdinLen    int64    `json:"stdin_len,omitempty"`
 	Interactive bool     `json:"interactive,omitempty"`
+	User        string   `json:"user,omitempty"` // version 2
 
 	// attach
 	ID uint64 `json:"id,omitempty"`
@@ -93,7 +104,7 @@ func (r *request) eachString(f func(*string) error) error {
 			return err
 		}
 	}
-	for _, p := range []*string{&r.Dir, &r.DirOrig, &r.Root, &r.Rel, &r.Orig} {
+	for _, p := range []*string{&r.Dir, &r.DirOrig, &r.Root, &r.Rel, &r.Orig, &r.User} {
 		if err := f(p); err != nil {
 			return err
 		}
@@ -144,6 +155,7 @@ type errorFrame struct {
 	Message string `json:"message"`
 	Cause   string `json:"cause,omitempty"`
 	Path    string `json:"path,omitempty"`
+	User    string `json:"user,omitempty"` // user_not_found
 }
 
 // startReply answers an exec request.

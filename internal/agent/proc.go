@@ -28,6 +28,11 @@ type ExecSpec struct {
 	// Env is the command's complete environment, "K=V". The values are
 	// secrets: they are never logged nor put in an error.
 	Env []string
+	// User is the user the command runs as (sandbox.ValidUser's forms),
+	// resolved by the agent in its own /etc/passwd and /etc/group; its
+	// home becomes HOME when Env sets none. "" runs it as the agent's
+	// own user.
+	User string
 	// Stdin is a non-interactive exec's whole input; nil (or empty): the
 	// command reads /dev/null. Ignored when Interactive.
 	Stdin []byte
@@ -120,8 +125,9 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // done with that exit code, its message delivered to out as stderr.
 //
 // Errors are *sandbox.SandboxError with op spec.Op: the cwd does not exist
-// or is not a directory, the agent could not start the command or cannot
-// be reached, the versions differ. ctx bounds the start only; to stop the
+// or is not a directory, the user cannot be resolved or taken (a name
+// with no passwd entry is a *sandbox.UserNotFoundError), the agent could
+// not start the command or cannot be reached, the versions differ. ctx bounds the start only; to stop the
 // exec later use Kill. The caller must Close the Proc once done with it.
 func (c *Client) Start(ctx context.Context, spec ExecSpec, out Output) (*Proc, error) {
 	op := spec.Op
@@ -132,9 +138,12 @@ func (c *Client) Start(ctx context.Context, spec ExecSpec, out Output) (*Proc, e
 		return nil, sandbox.Errorf(op, "no command given")
 	}
 	req := request{
-		V: Version, Op: "exec",
+		V: minVersion, Op: "exec",
 		Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, DirOrig: spec.DirOrig, Root: spec.DirRoot, Rel: spec.DirRel,
-		GraceNS: int64(spec.Grace), Interactive: spec.Interactive,
+		GraceNS: int64(spec.Grace), Interactive: spec.Interactive, User: spec.User,
+	}
+	if spec.User != "" {
+		req.V = userVersion
 	}
 	if !spec.Interactive && len(spec.Stdin) > 0 {
 		req.StdinLen = int64(len(spec.Stdin))
@@ -164,6 +173,8 @@ func (c *Client) Start(ctx context.Context, spec ExecSpec, out Output) (*Proc, e
 			return nil, sandbox.WrapError(op, "the start was cancelled", ctx.Err())
 		case err != nil:
 			return nil, connError(ctx, op, "starting the command failed", err)
+		case ef != nil && ef.Kind == kindVersion && spec.User != "":
+			return nil, sandbox.Errorf(op, "user %q: this session's agent cannot run an exec as a user (%s): the session was started by an older tai42; run the exec as the session's default user, or in a new session", spec.User, ef.Message)
 		case ef != nil:
 			return nil, ef.toError(op)
 		}
@@ -217,7 +228,7 @@ func (c *Client) attach(ctx context.Context, op string, id uint64) (*frameConn, 
 		return nil, nil, err
 	}
 	defer guard(ctx, oc.c)() // attach's own ctx watch: Start's covers only fc
-	if err := oc.writeJSON(frameRequest, request{V: Version, Op: "attach", ID: id}); err != nil {
+	if err := oc.writeJSON(frameRequest, request{V: minVersion, Op: "attach", ID: id}); err != nil {
 		oc.Close()
 		return nil, nil, err
 	}

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Options configure [Serve].
@@ -42,6 +44,7 @@ type server struct {
 	opts    Options
 	log     *slog.Logger
 	devNull int // stdin of an exec given none
+	cwd     int // the agent's working directory, to return to (see forkIn)
 
 	// mu is held across fork and register, and across wait4 and dispatch
 	// in ReapAll mode, so a fast exit is never lost and a reaped pid
@@ -59,7 +62,10 @@ type server struct {
 
 // Serve serves the agent protocol (see the package doc) on ln until ctx is
 // done (it then returns nil) or ln fails (it returns the error). It closes
-// ln. On return every exec has been killed (its process group, and every
+// ln. While it forks an exec that runs as a user it moves the process's
+// working directory to the exec's cwd, and back: a process that serves the
+// agent resolves no relative path meanwhile (the agent's own code uses
+// none). On return every exec has been killed (its process group, and every
 // group a finished exec left processes in, got SIGKILL) and reaped, every
 // connection is closed, and every goroutine it started has ended.
 func Serve(ctx context.Context, ln net.Listener, opts Options) error {
@@ -81,6 +87,11 @@ func Serve(ctx context.Context, ln net.Listener, opts Options) error {
 	}
 	s.devNull = fd
 	defer syscall.Close(s.devNull)
+	if s.cwd, err = unix.Open(".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		ln.Close()
+		return fmt.Errorf("agent: open its working directory: %w", err)
+	}
+	defer unix.Close(s.cwd)
 
 	var stopReaper func()
 	if opts.ReapAll {
@@ -248,14 +259,14 @@ func (s *server) handle(nc net.Conn) {
 		var v struct {
 			V int `json:"v"`
 		}
-		if json.Unmarshal(p, &v) == nil && v.V != Version {
+		if json.Unmarshal(p, &v) == nil && (v.V < minVersion || v.V > Version) {
 			s.versionMismatch(c, v.V)
 			return
 		}
 		s.protocolFailure(c, fmt.Sprintf("the request does not decode: %v", err))
 		return
 	}
-	if req.V != Version {
+	if req.V < minVersion || req.V > Version {
 		s.versionMismatch(c, req.V)
 		return
 	}
@@ -263,9 +274,13 @@ func (s *server) handle(nc net.Conn) {
 		s.protocolFailure(c, err.Error())
 		return
 	}
+	if req.User != "" && req.V < userVersion {
+		s.protocolFailure(c, fmt.Sprintf("an exec's user needs a request of version %d, not %d", userVersion, req.V))
+		return
+	}
 	switch req.Op {
 	case "ping":
-		_ = c.writeJSON(frameReply, pingReply{V: Version})
+		_ = c.writeJSON(frameReply, pingReply{V: req.V})
 	case "exec":
 		s.handleExec(c, &req)
 	case "attach":
@@ -280,7 +295,7 @@ func (s *server) handle(nc net.Conn) {
 }
 
 func (s *server) versionMismatch(c *frameConn, v int) {
-	msg := fmt.Sprintf("protocol version mismatch: the client speaks version %d, the agent speaks version %d", v, Version)
+	msg := fmt.Sprintf("protocol version mismatch: the client speaks version %d, the agent speaks versions %d to %d", v, minVersion, Version)
 	s.log.Warn("agent: " + msg)
 	_ = c.writeJSON(frameError, errorFrame{Kind: kindVersion, Message: msg})
 }

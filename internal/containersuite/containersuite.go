@@ -23,6 +23,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/escapeprobe/build"
+	"github.com/tai42/sandbox/internal/hostsuite"
 	"github.com/tai42/sandbox/internal/imagestore"
 	"github.com/tai42/sandbox/internal/sessnet"
 	"github.com/tai42/sandbox/internal/testimage"
@@ -287,9 +288,12 @@ func RestartableAgent(rt, agent string) func(t *testing.T, cfg sandboxtest.Confi
 }
 
 // SuiteOptions are the conformance suite's options for image. They say
-// Logs: the factory must pass Config.Logger to the provider.
+// Logs: the factory must pass Config.Logger to the provider. The user
+// execs run as is nobody: the busybox test image's (65534, home
+// /nonexistent), the host image's from the host's /etc/passwd (root where
+// it has no nobody its user namespace maps).
 func SuiteOptions(image string) sandboxtest.Options {
-	return sandboxtest.Options{
+	opts := sandboxtest.Options{
 		Image:              image,
 		Isolation:          sandbox.IsolationContainer,
 		Networks:           []sandbox.Network{sandbox.NetworkNone, sandbox.NetworkInternal, sandbox.NetworkEgress},
@@ -297,7 +301,15 @@ func SuiteOptions(image string) sandboxtest.Options {
 		Caps:               true,
 		KillStopsLeftovers: true,
 		Logs:               true,
+		User:               &sandboxtest.UserOptions{Name: "nobody", UID: 65534, GID: 65534, Home: "/nonexistent"},
 	}
+	if image == container.HostImage {
+		opts.User = hostsuite.SuiteUser("nobody")
+		if opts.User == nil || opts.User.UID >= container.UserNamespaceSize || opts.User.GID >= container.UserNamespaceSize {
+			opts.User = hostsuite.SuiteUser("root")
+		}
+	}
+	return opts
 }
 
 // HasRuntime reports whether runtime name is installed.

@@ -7,7 +7,9 @@ package hostsuite
 import (
 	"context"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/tai42/sandbox"
@@ -36,7 +38,46 @@ func Options(t testing.TB) sandboxtest.Options {
 	} else {
 		t.Log("not root: network none and caps are checked as rejected, not as enforced")
 	}
+	opts.User = ExecUser(t)
 	return opts
+}
+
+// ExecUser is the user the host runner runs an exec as in the suite: as
+// root, the host's nobody (root where it has none); as another user, that
+// user itself, the only one it can. nil, logged, when the host's
+// /etc/passwd does not have it.
+func ExecUser(t testing.TB) *sandboxtest.UserOptions {
+	names := []string{"nobody", "root"}
+	if os.Geteuid() != 0 {
+		me, err := user.Current()
+		if err != nil {
+			t.Logf("no user to run execs as in the suite: %v", err)
+			return nil
+		}
+		names = []string{me.Username}
+	}
+	for _, name := range names {
+		if u := SuiteUser(name); u != nil {
+			return u
+		}
+	}
+	t.Logf("no user to run execs as in the suite: the host's /etc/passwd has none of %v", names)
+	return nil
+}
+
+// SuiteUser is the host's user name (its /etc/passwd entry) as the
+// suite's UserOptions, or nil when there is no such user.
+func SuiteUser(name string) *sandboxtest.UserOptions {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil
+	}
+	uid, err1 := strconv.Atoi(u.Uid)
+	gid, err2 := strconv.Atoi(u.Gid)
+	if err1 != nil || err2 != nil || u.HomeDir == "" {
+		return nil
+	}
+	return &sandboxtest.UserOptions{Name: u.Username, UID: uid, GID: gid, Home: u.HomeDir}
 }
 
 // New builds a host runner with cfg's policy, reap interval and logger in a

@@ -1,7 +1,8 @@
 // Package nsthread runs code on an OS thread of its own, in another
-// network namespace when asked, and never lets a thread left in the wrong
-// namespace run anything else: the one copy of what the network manager,
-// the host runner and their tests each need.
+// network namespace or working directory when asked, and never lets a
+// thread left in the wrong namespace or directory run anything else: the
+// one copy of what the network manager, the host runner and their tests
+// each need.
 package nsthread
 
 import (
@@ -50,6 +51,28 @@ func InNetNS(ns *os.File, fn func() error) error {
 			return true, fmt.Errorf("returning the thread to its namespace: %w", err)
 		}
 		return false, ferr
+	})
+}
+
+// InDir runs fn on an OS thread of its own whose working directory is
+// dir, the thread's alone (its filesystem attributes unshared from the
+// process, whose own working directory stays): a process fn forks starts
+// in dir. The thread enters dir with this process's credentials, so a
+// process that takes other ones before its exec (a user's, through
+// SysProcAttr.Credential, which Go applies before any chdir of its own)
+// starts in a dir its user could not enter, as runc starts a container's
+// process. fn may change the thread further (enter a namespace): the
+// thread is never reused. A dir that cannot be entered is an error
+// wrapping the chdir's.
+func InDir(dir string, fn func() error) error {
+	return Locked(func() (bool, error) {
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			return false, fmt.Errorf("unshare the thread's working directory: %w", err)
+		}
+		if err := unix.Chdir(dir); err != nil {
+			return true, &os.PathError{Op: "chdir", Path: dir, Err: err}
+		}
+		return true, fn()
 	})
 }
 

@@ -3,6 +3,10 @@ package nsthread
 import (
 	"errors"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -66,6 +70,59 @@ func TestInNetNS(t *testing.T) {
 	want := errors.New("fn's own")
 	if err := InNetNS(ns, func() error { return want }); !errors.Is(err, want) {
 		t.Errorf("InNetNS returned %v, want fn's error", err)
+	}
+}
+
+// TestInDir: a process fn forks starts in dir, also as a user that may
+// not enter dir; the process's own working directory never moves, and no
+// later thread inherits dir.
+func TestInDir(t *testing.T) {
+	own, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	pwd := func(cred *syscall.Credential) (string, error) {
+		var out []byte
+		err := InDir(dir, func() error {
+			cmd := exec.Command("/bin/pwd")
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+			var err error
+			out, err = cmd.Output()
+			return err
+		})
+		return strings.TrimSpace(string(out)), err
+	}
+	if got, err := pwd(nil); err != nil || got != dir {
+		t.Errorf("pwd in InDir = %q, %v; want %q", got, err, dir)
+	}
+	if os.Geteuid() == 0 {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		got, err := pwd(&syscall.Credential{Uid: 65534, Gid: 65534})
+		if err != nil || got != dir {
+			t.Errorf("pwd as uid 65534 in a directory of mode 0700 = %q, %v; want %q", got, err, dir)
+		}
+	}
+	for range 20 {
+		var cwd string
+		_ = Locked(func() (bool, error) { cwd, err = os.Getwd(); return false, err })
+		if cwd != own {
+			t.Fatalf("a thread after InDir works in %q, want the process's %q", cwd, own)
+		}
+	}
+	if now, _ := os.Getwd(); now != own {
+		t.Errorf("the process's working directory moved to %q", now)
+	}
+	want := errors.New("fn's own")
+	if err := InDir(dir, func() error { return want }); !errors.Is(err, want) {
+		t.Errorf("InDir returned %v, want fn's error", err)
+	}
+	ran := false
+	err = InDir(filepath.Join(dir, "missing"), func() error { ran = true; return nil })
+	if !errors.Is(err, os.ErrNotExist) || ran {
+		t.Errorf("InDir of a missing directory = %v (fn ran: %v); want ErrNotExist, fn not run", err, ran)
 	}
 }
 

@@ -5,7 +5,8 @@
 //
 // The root filesystem holds /bin/busybox and a symlink per applet it
 // lists (`busybox --list`: /bin/sh among them) pointing at it,
-// /etc/passwd and /etc/group (root only), /tmp (mode 1777), /workspace,
+// /etc/passwd and /etc/group (root, and nobody and nogroup as in Debian,
+// 65534 both: a user an exec may run as), /tmp (mode 1777), /workspace,
 // /root, and the /proc, /dev and /sys mount points; every entry is owned
 // by root and dated 2000-01-01 UTC, so the image (and its ID) depends on
 // the busybox binary alone. Its config sets
@@ -90,8 +91,8 @@ func rootfsEntries() ([]entry, error) {
 		{name: "tmp", typ: tar.TypeDir, mode: 0o1777},
 		{name: "workspace", typ: tar.TypeDir, mode: 0o755},
 		{name: "bin/busybox", typ: tar.TypeReg, mode: 0o755},
-		{name: "etc/group", typ: tar.TypeReg, mode: 0o644, data: []byte("root:x:0:\n")},
-		{name: "etc/passwd", typ: tar.TypeReg, mode: 0o644, data: []byte("root:x:0:0:root:/root:/bin/sh\n")},
+		{name: "etc/group", typ: tar.TypeReg, mode: 0o644, data: []byte("root:x:0:\nnogroup:x:65534:\n")},
+		{name: "etc/passwd", typ: tar.TypeReg, mode: 0o644, data: []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")},
 	}
 	haveSh := false
 	for _, a := range strings.Fields(string(out)) {

@@ -40,6 +40,19 @@
 //     nothing outside the session, so a process that escapes holds no
 //     privilege on the host.
 //
+// Users: an exec runs as the session's root, or as the user it names
+// (sandbox.ExecOptions.User), which the agent resolves in the session's own
+// /etc/passwd and /etc/group (an image's, as the session may have changed
+// them: a user added by an exec is known to the next). A name they lack is
+// a *sandbox.UserNotFoundError; a uid or gid outside the session's user
+// namespace (ids 0 to [UserNamespaceSize]-1 when remapped) is refused with
+// a *sandbox.SandboxError naming it. The exec starts in its cwd even where
+// its user may not enter it (the workspace is root's, mode 0700, as the
+// provider made it): what the user may read or write there is the files'
+// modes' to say, as in Docker; chown or chmod the workspace from an exec
+// as root to share it. Its HOME is the user's home unless the spec's or
+// the exec's env sets HOME (the image's HOME is root's).
+//
 // Processes: each exec is a process group inside the container; a kill, a
 // timeout or the destroy sends it SIGKILL, and the destroy ends every
 // process of the container. A process that leaves its group (setsid) lives
@@ -505,6 +518,12 @@ func (p *provider) Abandon() {
 func (p *provider) Name() string                 { return Name }
 func (p *provider) Isolation() sandbox.Isolation { return sandbox.IsolationContainer }
 func (p *provider) SharedFilesystem() bool       { return false }
+
+var _ kit.UserRunner = (*provider)(nil)
+
+// RunsExecsAsUsers implements kit.UserRunner: the agent runs an exec as
+// its user (see the package doc).
+func (p *provider) RunsExecsAsUsers() {}
 
 func (p *provider) Check(spec sandbox.SessionSpec) error {
 	no := func(field, format string, args ...any) error {

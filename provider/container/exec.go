@@ -54,11 +54,13 @@ func (p *rproc) exited() bool {
 }
 
 // environ is the exec's environment: the session's base, then the spec's
-// env overlaid by the exec's (merged by the kit).
-func (r *resources) environ(env map[string]sandbox.Secret) []string {
+// env overlaid by the exec's (merged by the kit). An exec with a user
+// gets no HOME from the base, which is root's: the agent sets the user's
+// own unless env sets one.
+func (r *resources) environ(env map[string]sandbox.Secret, user string) []string {
 	out := make([]string, 0, len(r.env)+len(env))
 	for k, v := range r.env {
-		if _, ok := env[k]; !ok {
+		if _, ok := env[k]; !ok && (user == "" || k != "HOME") {
 			out = append(out, k+"="+v)
 		}
 	}
@@ -98,7 +100,8 @@ func (r *resources) start(ctx context.Context, op string, req kit.ExecRequest, i
 		Argv:        req.Argv,
 		Dir:         req.Cwd.Abs,
 		DirOrig:     req.Cwd.Orig,
-		Env:         r.environ(req.Env),
+		Env:         r.environ(req.Env, req.User),
+		User:        req.User,
 		Stdin:       req.Stdin,
 		Interactive: interactive,
 		Grace:       r.p.opts.ExitGrace,

@@ -48,6 +48,20 @@
 // Sessions of another live process on the same state directory are left
 // alone.
 //
+// Users: an exec runs as the runner's own user, or as the user it names
+// (sandbox.ExecOptions.User), resolved in the host's /etc/passwd and
+// /etc/group (a session shares the host's filesystem); a name they lack is
+// a *sandbox.UserNotFoundError. Only a runner that runs as root can run an
+// exec as another user (setgroups, setgid, setuid in the child), and not
+// in a session with cpu or memory caps, whose cgroup join runs as root
+// before the command; a runner of another user runs an exec as itself
+// alone (the user that is its own uid and gid). What it cannot honour it
+// refuses with a *sandbox.SandboxError, never running the exec as another
+// user. The exec starts in its cwd, entered before it takes the user's
+// ids, but the workspace and TMPDIR stay the runner's, mode 0700: what
+// the user may read or write there is theirs to say. Its HOME is the
+// user's home unless the spec's or the exec's env sets HOME.
+//
 // A command that cannot be found exits 127, one that cannot be executed 126,
 // with the reason on stderr; a command killed by a signal reports 128+signal.
 package host
@@ -232,6 +246,12 @@ func (p *provider) Abandon() {
 func (p *provider) Name() string                 { return Name }
 func (p *provider) Isolation() sandbox.Isolation { return sandbox.IsolationNone }
 func (p *provider) SharedFilesystem() bool       { return true }
+
+var _ kit.UserRunner = (*provider)(nil)
+
+// RunsExecsAsUsers implements kit.UserRunner (see the package doc's
+// Users).
+func (p *provider) RunsExecsAsUsers() {}
 
 func (p *provider) Check(spec sandbox.SessionSpec) error {
 	no := func(field, format string, args ...any) error {

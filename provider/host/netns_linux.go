@@ -100,8 +100,8 @@ func loopbackUp() error {
 // process it forks is born there, then returns the thread to host.
 func (ns *netns) run(host *os.File, start func() error) error {
 	return nsthread.Locked(func() (bool, error) {
-		if err := unix.Setns(int(ns.f.Fd()), unix.CLONE_NEWNET); err != nil {
-			return false, fmt.Errorf("entering the session's network namespace: %w", err)
+		if err := ns.enter(); err != nil {
+			return false, err
 		}
 		serr := start()
 		if err := unix.Setns(int(host.Fd()), unix.CLONE_NEWNET); err != nil {
@@ -109,6 +109,15 @@ func (ns *netns) run(host *os.File, start func() error) error {
 		}
 		return false, serr
 	})
+}
+
+// enter moves the calling thread, which must be locked to its goroutine,
+// into the namespace.
+func (ns *netns) enter() error {
+	if err := unix.Setns(int(ns.f.Fd()), unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("entering the session's network namespace: %w", err)
+	}
+	return nil
 }
 
 func (ns *netns) close() {

@@ -13,7 +13,9 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/execout"
+	"github.com/tai42/sandbox/internal/nsthread"
 	"github.com/tai42/sandbox/internal/oscmd"
+	"github.com/tai42/sandbox/internal/unixuser"
 	"github.com/tai42/sandbox/kit"
 	"golang.org/x/sys/unix"
 )
@@ -85,7 +87,15 @@ func (r *resources) start(op string, req kit.ExecRequest, stdinPipe bool, sk exe
 		return started{}, sandbox.Errorf(op, "cwd %q is not a directory", req.Cwd.Orig)
 	}
 	dir := filepath.Join(r.ws, req.Cwd.Rel)
-	env, pathEnv := r.environ(req.Env)
+	home, cred := r.ws, (*syscall.Credential)(nil)
+	if req.User != "" {
+		u, c, err := r.execUser(op, req.User)
+		if err != nil {
+			return started{}, err
+		}
+		home, cred = u.Home, c
+	}
+	env, pathEnv := r.environ(req.Env, home)
 	path, code, msg := oscmd.LookPath(req.Argv[0], pathEnv, dir)
 	if code != 0 {
 		return started{exitCode: code, message: msg}, nil
@@ -127,14 +137,28 @@ func (r *resources) start(op string, req kit.ExecRequest, stdinPipe bool, sk exe
 		Dir:   dir,
 		Env:   env,
 		Files: []*os.File{childStdin, pipes[3], pipes[5]},
-		Sys:   &syscall.SysProcAttr{Setpgid: true},
+		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: cred},
 	}
 	r.grp.sysProcAttr(attr.Sys)
 	var process *os.Process
 	startFn := func() (err error) { process, err = os.StartProcess(path, argv, attr); return err }
-	if r.netns != nil {
+	switch {
+	case cred != nil:
+		// The child enters its cwd before it takes the user's ids, as runc
+		// does: Go's fork enters attr.Dir after them, where the user may
+		// be refused (the workspace is the runner's, mode 0700).
+		attr.Dir = ""
+		err = nsthread.InDir(dir, func() error {
+			if r.netns != nil {
+				if err := r.netns.enter(); err != nil {
+					return err
+				}
+			}
+			return startFn()
+		})
+	case r.netns != nil:
 		err = r.netns.run(r.p.hostNet, startFn)
-	} else {
+	default:
 		err = startFn()
 	}
 	for _, i := range []int{0, 3, 5} { // the child's ends
@@ -145,6 +169,9 @@ func (r *resources) start(op string, req kit.ExecRequest, stdinPipe bool, sk exe
 	}
 	if err != nil {
 		closeAll()
+		if pe, ok := errors.AsType[*os.PathError](err); ok && pe.Op == "chdir" {
+			return started{}, sandbox.WrapError(op, fmt.Sprintf("cwd %q", req.Cwd.Orig), pe.Err)
+		}
 		if code, msg := oscmd.StartFailure(req.Argv[0], err); code != 0 {
 			return started{exitCode: code, message: msg}, nil
 		}
@@ -173,13 +200,13 @@ func growPipe(f *os.File) {
 	}
 }
 
-// environ is the exec's environment: a minimal clean base, then the spec's
-// env overlaid by the exec's (already merged by the kit). It also returns
-// the PATH that commands are looked up in.
-func (r *resources) environ(env map[string]sandbox.Secret) ([]string, string) {
+// environ is the exec's environment: a minimal clean base (HOME home),
+// then the spec's env overlaid by the exec's (already merged by the kit).
+// It also returns the PATH that commands are looked up in.
+func (r *resources) environ(env map[string]sandbox.Secret, home string) ([]string, string) {
 	base := map[string]string{
 		"PATH":   r.p.hostPath,
-		"HOME":   r.ws,
+		"HOME":   home,
 		"TMPDIR": r.tmp,
 		"LANG":   "C.UTF-8",
 	}
@@ -191,6 +218,34 @@ func (r *resources) environ(env map[string]sandbox.Secret) ([]string, string) {
 		out = append(out, k+"="+v)
 	}
 	return out, base["PATH"]
+}
+
+// execUser resolves an exec's user in the host's /etc/passwd and
+// /etc/group (a session of the host runner shares the host's filesystem)
+// and returns it with the credential to start the command with: nil when
+// the command runs as the runner's own user. The runner honours a user
+// only where it can: as root, any user, in a session without caps (whose
+// cgroup join runs as root before the command); as another user, that
+// user alone. Errors: *sandbox.UserNotFoundError for a name the host does
+// not know, else a *sandbox.SandboxError saying why.
+func (r *resources) execUser(op, spec string) (unixuser.User, *syscall.Credential, error) {
+	u, err := unixuser.Lookup("/", spec)
+	if _, ok := errors.AsType[*sandbox.UserNotFoundError](err); ok {
+		return u, nil, err
+	}
+	if err != nil {
+		return u, nil, sandbox.WrapError(op, fmt.Sprintf("user %q", spec), err)
+	}
+	euid, egid := os.Geteuid(), os.Getegid()
+	switch {
+	case euid != 0 && (int(u.UID) != euid || int(u.GID) != egid):
+		return u, nil, sandbox.Errorf(op, "user %q (uid %d, gid %d): the host runner runs as uid %d (gid %d) and cannot run an exec as another user; only a runner that runs as root can", spec, u.UID, u.GID, euid, egid)
+	case euid != 0:
+		return u, nil, nil // the runner's own user: its groups stay the runner's
+	case r.cg != nil:
+		return u, nil, sandbox.Errorf(op, "user %q: the host runner cannot run an exec as a user in a session with cpu or memory caps: the command joins the session's cgroups through a shell that runs as root before it", spec)
+	}
+	return u, u.Credential(), nil
 }
 
 // cgroupTrampoline returns argv for /bin/sh that moves itself into each of

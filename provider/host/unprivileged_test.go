@@ -16,9 +16,10 @@ import (
 // documented to work for an ordinary user, where network none and caps are
 // rejected, a file of mode 000 cannot be read (Files/PermissionDenied runs)
 // and a tai42-host tracking cgroup a root run left behind cannot be
-// written. It re-runs this test binary, copied where nobody may execute it,
-// with a home and temporary directory of nobody's own, and fails if that
-// run fails.
+// written, and an exec as another user is refused
+// (TestExecUserUnprivileged). It re-runs this test binary, copied where
+// nobody may execute it, with a home and temporary directory of nobody's
+// own, and fails if that run fails.
 func TestUnprivileged(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("not root: TestConformance already runs as an unprivileged user here")
@@ -30,11 +31,14 @@ func TestUnprivileged(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.Command(self, "-test.run=^TestConformance$", "-test.count=1", "-test.v")
+	cmd := exec.Command(self, "-test.run=^(TestConformance|TestExecUserUnprivileged)$", "-test.count=1", "-test.v")
 	hostsuite.AsNobody(t, cmd)
 	out, err := hostsuite.CombinedOutput(ctx, cmd)
 	if err != nil {
 		t.Fatalf("the conformance suite as uid %d failed: %v\n%s", hostsuite.Nobody, err, failures(out))
+	}
+	if !strings.Contains(string(out), "--- PASS: TestExecUserUnprivileged") && !strings.Contains(string(out), "--- SKIP: TestExecUserUnprivileged") {
+		t.Errorf("the run as uid %d did not run TestExecUserUnprivileged:\n%s", hostsuite.Nobody, failures(out))
 	}
 	// What the unprivileged run skipped: only what needs root (network
 	// none, caps).
