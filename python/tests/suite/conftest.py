@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import pwd
 import shutil
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tai42_contract.sandbox import Sandbox
-from tai42_contract.sandbox.testing import Config, ConfigRefused, Factory, Options
+from tai42_contract.sandbox.testing import Config, ConfigRefused, Factory, Options, UserOptions
 from tai42_sandbox import Tai42Sandbox
 
 from ..conftest import Daemon, _providers
@@ -129,13 +130,29 @@ def daemon_factory(binary: str, provider: str, *, nobody: bool = False) -> Facto
     return factory
 
 
+def suite_user(name: str) -> UserOptions | None:
+    """The host's user name (its /etc/passwd entry) as the suite's
+    UserOptions, or None when there is none."""
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        return None
+    return UserOptions(name=pw.pw_name, uid=pw.pw_uid, gid=pw.pw_gid, home=pw.pw_dir)
+
+
 def options_for(provider: str, *, root: bool | None = None) -> Options:
     """What each provider documents that it honours (as the Go suite's
     hostsuite and containersuite state it), served by a daemon as root or
-    not (by default: as this process is)."""
+    not (by default: as this process is). Execs run as nobody, where the
+    daemon runs as root; else as the daemon's own user, the only one it
+    can."""
     if root is None:
         root = os.geteuid() == 0
     if provider == "container":
+        # The host image's users are the host's; its user namespace maps 65536 ids.
+        user = suite_user("nobody")
+        if user is None or max(user.uid, user.gid) >= 65536:
+            user = suite_user("root")
         return Options(
             image="host",
             isolation="container",
@@ -144,7 +161,9 @@ def options_for(provider: str, *, root: bool | None = None) -> Options:
             caps=True,
             kill_stops_leftovers=True,
             logs=True,
+            user=user,
         )
+    own = "nobody" if root or os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
     return Options(
         image="host",
         isolation="none",
@@ -154,6 +173,7 @@ def options_for(provider: str, *, root: bool | None = None) -> Options:
         absolute_outside_workspace_refused=True,
         kill_stops_leftovers=True,
         logs=True,
+        user=suite_user(own),
     )
 
 

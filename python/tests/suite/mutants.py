@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -52,8 +53,10 @@ class Mutant:
     config: Callable[[Config], Config] | None = None
     patch: Callable[[], contextlib.AbstractContextManager[None]] | None = None
     daemon: str = "host"
-    """The daemon it wraps: "host", or "host-nobody" (the host runner run as
-    nobody, whose sessions cannot read a file of mode 000)."""
+    """The daemon it wraps: "host"; "host-nobody", the host runner run as
+    nobody, whose sessions cannot read a file of mode 000; or "host-no-user",
+    the host daemon behind UserRefused, a provider without the user
+    extension."""
 
 
 @contextlib.contextmanager
@@ -932,6 +935,72 @@ class UserIgnored(MSession):
         return await super().exec_start(argv, **kw)
 
 
+class UserRefused(MSession):
+    """A provider without the user extension: it refuses any user. Not a
+    mutant: the base of the daemon "host-no-user"."""
+
+    async def exec(self, argv: Sequence[str], *, user: Any = None, **kw: Any) -> ExecResult:
+        if user:
+            raise SandboxError(f"this provider runs no exec as a user ({user!r})", op="exec")
+        return await super().exec(argv, **kw)
+
+    async def exec_start(
+        self, argv: Sequence[str], *, user: Any = None, **kw: Any
+    ) -> SandboxExecHandle:
+        if user:
+            raise SandboxError(f"this provider runs no exec as a user ({user!r})", op="exec")
+        return await super().exec_start(argv, **kw)
+
+
+_WELL_FORMED = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*|[0-9]{1,9}(:[0-9]{1,9})?")
+
+
+def _user_dropped(keep: Callable[[str], bool]) -> type[MSession]:
+    """A session dropping an exec's user (both calls) where keep says no."""
+
+    class S(MSession):
+        async def exec(self, argv: Sequence[str], *, user: Any = None, **kw: Any) -> ExecResult:
+            if user and keep(user):
+                kw["user"] = user
+            return await super().exec(argv, **kw)
+
+        async def exec_start(
+            self, argv: Sequence[str], *, user: Any = None, **kw: Any
+        ) -> SandboxExecHandle:
+            if user and keep(user):
+                kw["user"] = user
+            return await super().exec_start(argv, **kw)
+
+    return S
+
+
+class UserStartIgnored(MSession):
+    async def exec_start(
+        self, argv: Sequence[str], *, user: Any = None, **kw: Any
+    ) -> SandboxExecHandle:
+        return await super().exec_start(argv, **kw)
+
+
+class UserNotFoundPlain(MSession):
+    async def exec(self, argv: Sequence[str], **kw: Any) -> ExecResult:
+        try:
+            return await super().exec(argv, **kw)
+        except E.SandboxUserNotFoundError as e:
+            raise SandboxError(e.message, op="exec") from None
+
+
+class UserHomeRoot(MSession):
+    async def exec(
+        self, argv: Sequence[str], *, user: Any = None, env: Any = None, **kw: Any
+    ) -> ExecResult:
+        if user:
+            kw["user"] = user
+            spec_env = self.spec.env if self.spec else {}
+            if "HOME" not in (env or {}) and "HOME" not in spec_env:
+                env = {**(env or {}), "HOME": SecretStr("/root")}
+        return await super().exec(argv, env=env, **kw)
+
+
 # Config bugs.
 
 
@@ -1667,9 +1736,46 @@ MUTANTS: list[Mutant] = [
     # The user extension.
     Mutant(
         "user-ignored",
-        "an exec's user is ignored: it runs as the session's own user",
+        "an exec's user is dropped: it runs as the session's default user",
+        ("User/Name", "User/UID", "User/Home", "User/ExecStart", "User/Unknown", "User/Malformed"),
+        _s(UserIgnored),
+    ),
+    Mutant(
+        "user-malformed-default",
+        "a malformed user is taken for the default user instead of refused",
+        ("User/Malformed",),
+        _s(_user_dropped(lambda u: _WELL_FORMED.fullmatch(u) is not None)),
+    ),
+    Mutant(
+        "user-uid-as-default",
+        "an exec as a uid or uid:gid runs as the default user",
+        ("User/UID",),
+        _s(_user_dropped(lambda u: not u.split(":")[0].isdigit())),
+    ),
+    Mutant(
+        "user-start-ignored",
+        "exec_start drops its user: the interactive exec runs as the default user",
+        ("User/ExecStart",),
+        _s(UserStartIgnored),
+    ),
+    Mutant(
+        "user-not-found-plain",
+        "a SandboxUserNotFoundError is a base SandboxError with the same text",
+        ("User/Unknown",),
+        _s(UserNotFoundPlain),
+    ),
+    Mutant(
+        "user-home-root",
+        "an exec as a user keeps root's HOME",
+        ("User/Home", "User/Name"),
+        _s(UserHomeRoot),
+    ),
+    Mutant(
+        "user-unsupported-runs",
+        "a provider that runs no exec as a user runs one as its default user",
         ("User/Refused",),
         _s(UserIgnored),
+        daemon="host-no-user",
     ),
 ]
 
@@ -1691,8 +1797,5 @@ PENDING: dict[str, str] = {
         "both providers end the processes a command left running at its exit, before any "
         "kill: the clause skips, nothing is left for kill to stop"
     ),
-    "User/Exec": "needs Options.user: the daemon here refuses user= (exec-user is not merged)",
-    "User/ExecStart": "as User/Exec",
-    "User/Unknown": "as User/Exec",
 }
 """The clauses no mutant here can fail, with the reason."""

@@ -6,6 +6,7 @@ clause has a mutant, or a reason in PENDING why none can fail it here."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import AsyncIterator, Iterator
 
@@ -15,12 +16,16 @@ from tai42_contract.sandbox import Sandbox
 from tai42_contract.sandbox.testing import Config, Factory, Options, clauses, run
 
 from .conftest import daemon_factory, options_for
-from .mutants import MUTANTS, PENDING, Mutant
-from .wrappers import MSandbox
+from .mutants import MUTANTS, PENDING, Mutant, UserRefused
+from .wrappers import MSandbox, wrap
 
 
 def daemon(binary: str, name: str) -> tuple[Factory, Options]:
     """The factory and options of a mutant's daemon (Mutant.daemon)."""
+    if name == "host-no-user":
+        base = Mutant("host-no-user", "", (), wrap(session=UserRefused))
+        opts = dataclasses.replace(options_for("host"), user=None)
+        return mutated(daemon_factory(binary, "host"), base), opts
     if name == "host-nobody":
         if os.geteuid() != 0:
             pytest.skip("running a daemon as nobody needs root")

@@ -95,6 +95,18 @@ class ConfigRefused(Exception):
 
 
 @dataclass(frozen=True)
+class UserOptions:
+    """A user the provider's image knows (in its /etc/passwd) and the
+    provider can run an exec as: its name, its passwd entry's uid and gid,
+    and its home; for most images nobody, 65534, 65534, /nonexistent."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+
+@dataclass(frozen=True)
 class Options:
     """What the provider under test documents that it honours.
 
@@ -114,9 +126,10 @@ class Options:
 
     ``user`` is a user the image knows, for the exec-as-user extension
     (an exec's ``user=`` keyword, beyond the contract's signature): set, the
-    User clauses run execs as it; None, a provider whose exec takes ``user``
-    must refuse it with a SandboxError, never ignore it. A provider whose
-    exec has no ``user`` keyword skips the User clauses.
+    User clauses run execs as it (by name, uid and uid:gid); None, a
+    provider whose exec takes ``user`` must refuse it with a SandboxError,
+    never ignore it. A provider whose exec has no ``user`` keyword skips the
+    User clauses.
     """
 
     image: str
@@ -127,7 +140,7 @@ class Options:
     absolute_outside_workspace_refused: bool = False
     kill_stops_leftovers: bool = False
     logs: bool = False
-    user: str | None = None
+    user: UserOptions | None = None
 
     def validate(self) -> None:
         """Raise ValueError for options no provider can have."""
