@@ -17,6 +17,7 @@ from pydantic import BaseModel, SecretStr
 
 from tai42_contract.sandbox import (
     ExecResult,
+    Sandbox,
     SandboxError,
     SandboxExecHandle,
     SandboxExecTimeoutError,
@@ -1070,6 +1071,12 @@ MUTANTS: list[Mutant] = [
         ("Contract/RegistryFacet",),
         patch=lambda: setattr_(R.SandboxRegistry, "require", _wrapped_require()),
     ),
+    Mutant(
+        "registry-factory-remade",
+        "require_sandbox calls a registered factory anew each time",
+        ("Contract/RegistryFacet",),
+        patch=lambda: setattr_(R.SandboxRegistry, "require", _uncached_require),
+    ),
     # The sandbox.
     Mutant(
         "exec-default-timeout-zero",
@@ -1778,6 +1785,17 @@ MUTANTS: list[Mutant] = [
         daemon="host-no-user",
     ),
 ]
+
+
+def _uncached_require(self: R.SandboxRegistry, name: str | None = None) -> Any:
+    """require that makes a registered factory's sandbox anew each time."""
+    entry = self._entries.get(name or "")
+    if entry is not None and not isinstance(entry, Sandbox):
+        return entry()
+    return _ORIG_REQUIRE(self, name)
+
+
+_ORIG_REQUIRE = R.SandboxRegistry.require
 
 
 def _wrapped_require() -> Any:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -82,6 +84,23 @@ def test_clauses_md_up_to_date() -> None:
     )
     for c in clauses():
         assert f"| `{c.name}` |" in want
+
+
+def test_no_pytest_needed() -> None:
+    """The suite imports the contract and the standard library only."""
+    code = (
+        "import sys, tai42_contract.sandbox.testing as t; t.clauses(); "
+        "print(sorted(m for m in ('pytest', 'aiohttp', 'tai42_sandbox') if m in sys.modules))"
+    )
+    src = Path(__file__).resolve().parents[2] / "src"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(src)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "[]"
 
 
 def test_select() -> None:

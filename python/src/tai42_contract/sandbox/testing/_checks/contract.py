@@ -16,6 +16,7 @@ from ... import errors as E
 from ... import models as M
 from ... import policy as P
 from ... import registry as R
+from ...base import Sandbox
 from .._helpers import attempt, no_secret, secret_value, want_kind
 from .._suite import ISOLATIONS, NETWORKS, Check, clause
 
@@ -95,8 +96,8 @@ async def models(c: Check) -> None:
 async def errors(c: Check) -> None:
     """Every error the contract names is a SandboxError (an Exception), at the module path
     the text gives, carrying the attributes the text names: SandboxExecTimeoutError its
-    timeout_seconds and output lengths (never the content), SandboxFileNotFoundError its
-    path, SandboxSessionNotFoundError its session_id."""
+    timeout_seconds and output lengths, SandboxFileNotFoundError its path,
+    SandboxSessionNotFoundError its session_id."""
     base = getattr(E, "SandboxError", None)
     if not (isinstance(base, type) and issubclass(base, Exception)):
         c.fatal(f"tai42_contract.sandbox.errors.SandboxError is {base!r}, not an Exception class")
@@ -111,13 +112,11 @@ async def errors(c: Check) -> None:
         cls = getattr(E, name, None)
         if not (isinstance(cls, type) and issubclass(cls, base)):
             c.error(f"tai42_contract.sandbox.errors.{name} is {cls!r}, not a SandboxError")
-    out = "tai42-output-" + secrets.token_hex(4)
-    te = E.SandboxExecTimeoutError(1.5, len(out), 2)
-    if (te.timeout_seconds, te.stdout_len, te.stderr_len) != (1.5, len(out), 2):
+    te = E.SandboxExecTimeoutError(1.5, 7, 2)
+    if (te.timeout_seconds, te.stdout_len, te.stderr_len) != (1.5, 7, 2):
         c.error(
-            f"SandboxExecTimeoutError(1.5, {len(out)}, 2) carries timeout_seconds "
-            f"{te.timeout_seconds!r}, stdout_len {te.stdout_len!r}, stderr_len "
-            f"{te.stderr_len!r}"
+            f"SandboxExecTimeoutError(1.5, 7, 2) carries timeout_seconds {te.timeout_seconds!r},"
+            f" stdout_len {te.stdout_len!r}, stderr_len {te.stderr_len!r}"
         )
     if not isinstance(te, base):
         c.error("a SandboxExecTimeoutError is not a SandboxError")
@@ -183,7 +182,8 @@ async def _construct(fields: dict[str, object]) -> tuple[object, Exception | Non
 async def registry_facet(c: Check) -> None:
     """require_sandbox is the one acquisition chokepoint: with no provider registered (or not
     the one named) it raises SandboxUnavailableError, a SandboxError; the provider
-    registered under a name is what it returns."""
+    registered under a name (a sandbox, or a factory registered with @register_sandbox,
+    made once) is what it returns."""
     reg = R.SandboxRegistry()
     _, err = await attempt(_call(reg.require))
     want_kind(c, err, E.SandboxUnavailableError, "require() of an empty registry")
@@ -205,6 +205,25 @@ async def registry_facet(c: Check) -> None:
         R.unregister_sandbox(name)
     _, err = await attempt(_call(R.require_sandbox, name))
     want_kind(c, err, E.SandboxUnavailableError, "require_sandbox() of an unregistered name")
+    # The decorator form registers a factory, made into the sandbox on first use.
+    made: list[object] = []
+
+    def make() -> Sandbox:
+        made.append(sb)
+        return sb
+
+    R.register_sandbox(name=name)(make)
+    try:
+        first, err = await attempt(_call(R.require_sandbox, name))
+        again, _ = await attempt(_call(R.require_sandbox, name))
+        if first is not sb or again is not sb or len(made) != 1:
+            c.error(
+                f"require_sandbox of a factory registered with @register_sandbox(name=...) "
+                f"returned {first!r}, then {again!r} ({err!r}), the factory called "
+                f"{len(made)} times; want the sandbox it makes, made once"
+            )
+    finally:
+        R.unregister_sandbox(name)
 
 
 async def _call(fn: typing.Callable[..., object], *args: object) -> object:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import random
 import time
 from collections.abc import Sequence
 from typing import Any, cast
@@ -23,6 +22,7 @@ from .._helpers import (
     must_put,
     must_sh,
     no_secret,
+    random_text,
     run,
     secret_env,
     secret_value,
@@ -437,16 +437,12 @@ async def cwd(c: Check) -> None:
             c.error(f"exec with the refused cwd {d!r} ran the command")
 
 
-def _text(n: int) -> str:
-    rnd = random.Random(n)
-    return "".join(rnd.choices("abcdefghijklmnopqrstuvwxyz0123456789 \n\t\"'$\\*éßπ漢😀", k=n))
-
-
 @clause("Exec/Stdin")
 async def stdin(c: Check) -> None:
-    """exec delivers its stdin byte-exact (1 MiB of text, multi-byte characters among it)."""
+    """exec delivers its stdin byte-exact (about 1 MiB of text, multi-byte characters among
+    it)."""
     _, sess = await c.fresh()
-    text = _text(1 << 18)
+    text = random_text(900_000)  # about 1 MiB
     data = text.encode()
     res = await run(c, sess, ["cat"], stdin=data)
     if res.exit_code != 0 or res.stdout != text:
