@@ -84,6 +84,7 @@ class Daemon:
             *extra,
         ]
         self.proc: subprocess.Popen[bytes] | None = None
+        self.crashed = False
 
     def start(self) -> Daemon:
         env = {**os.environ, "TAI42_TOKEN": self.token}
@@ -108,12 +109,20 @@ class Daemon:
         return self.proc.pid
 
     def kill(self) -> None:
-        """SIGKILL: the daemon dies as in a crash."""
+        """SIGKILL: the daemon dies as in a crash, leaving its sessions'
+        resources (mounts, loop devices, network namespaces) behind."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
+            self.crashed = True
 
     def stop(self) -> None:
+        if self.crashed:
+            # Started again on its state dir, a daemon brings back what a
+            # crash left, and a graceful stop then destroys it all.
+            self.crashed = False
+            self.log.write_bytes(b"")
+            self.start()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -318,3 +318,19 @@ async def test_put_from_failing_source_keeps_old_content(
     assert ls.stdout.split() == ["f"]  # no temporary file left
     with pytest.raises(SandboxError, match="source must be"):
         await s.put_file_from("f", 42)  # type: ignore[arg-type]
+
+
+async def test_exec_as_user(sandbox: Tai42Sandbox, spec: SandboxSessionSpec) -> None:
+    s = await sandbox.create_session(spec)
+    try:
+        r = await s.exec(["id", "-u"], user="nobody", timeout_seconds=10)
+    except SandboxTransportError as e:
+        if e.kind == "bad_request" and "user" in str(e):
+            pytest.skip("this daemon has no exec user yet (branch exec-user)")
+        raise
+    assert r.stdout.strip() != "0"
+    from tai42_contract.sandbox import SandboxUserNotFoundError
+
+    with pytest.raises(SandboxUserNotFoundError) as e2:
+        await s.exec(["true"], user="no-such-user-py", timeout_seconds=10)
+    assert e2.value.user == "no-such-user-py"

@@ -20,7 +20,7 @@ from tai42_contract.sandbox import (
     SandboxStreamChunk,
     SandboxStreamExit,
 )
-from tai42_sandbox import Tai42ExecHandle, Tai42Sandbox, Tai42Session
+from tai42_sandbox import SandboxTransportError, Tai42ExecHandle, Tai42Sandbox, Tai42Session
 
 from .conftest import Daemon
 
@@ -229,3 +229,16 @@ async def test_many_streams_at_once(session: Tai42Session) -> None:
 
     outs = await asyncio.gather(*(one(i) for i in range(20)))
     assert outs == [str(i).encode() for i in range(20)]
+
+
+async def test_daemon_shutting_down(daemon_factory: Callable[..., Daemon]) -> None:
+    d = daemon_factory("--shutdown-grace", "1s")
+    async with Tai42Sandbox(d.url, d.token) as sb:
+        s = await sb.create_session(SandboxSessionSpec(image="host", ttl_seconds=60))
+        h = await s.exec_start(["sleep", "60"], timeout_seconds=60)
+        assert d.proc is not None
+        d.proc.terminate()  # SIGTERM: a graceful stop
+        with pytest.raises(SandboxTransportError) as e:
+            await asyncio.wait_for(h.output.__anext__(), 30)
+        assert e.value.kind == "shutting_down"
+        await h.kill()

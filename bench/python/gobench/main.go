@@ -24,14 +24,15 @@ func main() {
 	url := flag.String("url", os.Getenv("TAI42_URL"), "the daemon's URL")
 	token := flag.String("token", os.Getenv("TAI42_TOKEN"), "the daemon's token")
 	n := flag.Int("n", 2000, "execs to time (after 20 untimed)")
+	files := flag.Bool("files", false, "also time PutFile and GetFile of 64 MiB (put_mbs, get_mbs)")
 	flag.Parse()
-	if err := run(*url, *token, *n); err != nil {
+	if err := run(*url, *token, *n, *files); err != nil {
 		fmt.Fprintln(os.Stderr, "gobench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(url, token string, n int) error {
+func run(url, token string, n int, files bool) error {
 	ctx := context.Background()
 	c := client.New(url, token)
 	defer c.Close()
@@ -53,7 +54,20 @@ func run(url, token string, n int) error {
 	}
 	slices.Sort(lat)
 	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
-	return json.NewEncoder(os.Stdout).Encode(map[string]any{
-		"n": n, "p50_us": us(lat[len(lat)/2]), "p99_us": us(lat[len(lat)*99/100]),
-	})
+	out := map[string]any{"n": n, "p50_us": us(lat[len(lat)/2]), "p99_us": us(lat[len(lat)*99/100])}
+	if files {
+		data := make([]byte, 64<<20)
+		mbs := func(d time.Duration) float64 { return float64(len(data)) / d.Seconds() / 1e6 }
+		t := time.Now()
+		if err := s.PutFile(ctx, "gobench.bin", data); err != nil {
+			return err
+		}
+		out["put_mbs"] = mbs(time.Since(t))
+		t = time.Now()
+		if _, err := s.GetFile(ctx, "gobench.bin"); err != nil {
+			return err
+		}
+		out["get_mbs"] = mbs(time.Since(t))
+	}
+	return json.NewEncoder(os.Stdout).Encode(out)
 }

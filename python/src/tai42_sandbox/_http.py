@@ -129,6 +129,7 @@ class Transport:
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
             auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
             raise_for_status=False,
         )
 

@@ -30,7 +30,7 @@ from tai42_contract.sandbox import (
 from tai42_contract.sandbox.models import valid_workspace_key
 
 from ._exec import MAX_FRAME, Tai42ExecHandle, session_gone_checker
-from ._files import FileSource, SourceFailed, Tai42FileReader, UploadPayload
+from ._files import BytesBody, FileSource, SourceFailed, Tai42FileReader, UploadPayload
 from ._http import Endpoint, Transport, resolve_token, resolve_url, session_path
 from ._wire import (
     EXEC_SUBPROTOCOL,
@@ -292,7 +292,12 @@ class Tai42Session(SandboxSession):
         t = self._live()
         data = valid_bytes(op, "data", data)
         resp = await t.request(
-            op, "PUT", self._path("files"), params={"path": path}, data=data, headers=_OCTETS
+            op,
+            "PUT",
+            self._path("files"),
+            params={"path": path},
+            data=BytesBody(data),
+            headers=_OCTETS,
         )
         resp.release()
 
