@@ -19,7 +19,15 @@ import fnmatch
 import os
 import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NoReturn, TypeVar
@@ -493,7 +501,7 @@ _marker_users = 0
 
 
 @contextlib.contextmanager
-def _marked() -> Any:
+def _marked() -> Iterator[None]:
     global _marker_users
     if _marker_users == 0:
         os.environ[MARKER_VAR] = "host-environment-leaked"
@@ -529,6 +537,11 @@ async def run_clause(
         except asyncio.CancelledError:
             if not expired:
                 raise
+            # The suite's own deadline: the task goes on to its teardown,
+            # no longer being cancelled (Python 3.11+ counts cancels).
+            me = asyncio.current_task()
+            if me is not None and hasattr(me, "uncancel"):
+                me.uncancel()
             check.error(
                 f"the clause did not finish within {timeout:g}s; it was waiting here:\n{_trace()}"
             )
