@@ -2,8 +2,9 @@
 // provider implements the narrow runtime I/O of [Provider] and [Resources],
 // and [New] wraps it into a [sandbox.Sandbox] that owns the session ledger,
 // info/list/get, touch and TTL bookkeeping, reap and the background reaper,
-// the default exec timeout, workspace-relative path resolution and the
-// create-time policy chokepoint.
+// the default exec timeout, workspace-relative path resolution, the form
+// of an exec's user (run only by a [UserRunner]) and the create-time
+// policy chokepoint.
 package kit
 
 import (
