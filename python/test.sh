@@ -3,7 +3,7 @@
 # installs the distribution with its test and inspect extras from PyPI,
 # checks that a wheel builds and installs into a clean venv with and without
 # [inspect], then runs the lint (ruff), the type check (mypy --strict) and
-# the tests, which start real tai42 daemons (host, and container as root
+# the tests (typed too), which start real tai42 daemons (host, and container as root
 # with runc or crun) from a tai42 built here.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -32,5 +32,5 @@ PY
 
 go build -o "$tmp/tai42" ../cmd/tai42
 export TAI42_BIN="$tmp/tai42"
-.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
+.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy && .venv/bin/mypy tests
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -33,7 +33,7 @@ async def test_labels_name_the_run_task_and_sample(
     inspect_daemon: InspectDaemon, inspect_config: Tai42SandboxConfig
 ) -> None:
     envs = [
-        await Tai42SandboxEnvironment.sample_init("my_task", inspect_config, {"__sample_id__": 7})
+        await Tai42SandboxEnvironment.sample_init("my_task", inspect_config, {"__sample_id__": 7})  # type: ignore[dict-item]  # Inspect passes the id as it is
         for _ in range(2)
     ]
     try:
