@@ -96,8 +96,9 @@ class Daemon:
         deadline = time.monotonic() + START_TIMEOUT
         while (m := re.search(rb"listening on (\S+)", self.log.read_bytes())) is None:
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                said = self.log.read_text()  # before stop removes the directory
                 self.stop()
-                raise RuntimeError(f"tai42 serve did not start: {self.log.read_text()}")
+                raise RuntimeError(f"tai42 serve did not start: {said}")
             time.sleep(0.02)
         addr = m.group(1).decode()
         self.url = addr if addr.startswith("unix:") else "http://" + addr
