@@ -15,7 +15,7 @@ import aiohttp
 
 from tai42_contract.sandbox import SandboxError
 
-from ._wire import error_from_wire
+from ._wire import error_from_wire, to_json
 
 DEFAULT_URL: Final = "http://127.0.0.1:4242"
 # How many keep-alive connections the pool keeps to the daemon, so that
@@ -209,7 +209,7 @@ class Transport:
     ) -> Any:
         """A JSON request (body, if not None) and its JSON answer (None for
         an empty one)."""
-        data = None if body is None else json.dumps(body, ensure_ascii=False).encode()
+        data = None if body is None else to_json(body).encode()
         resp = await self.request(
             op, method, path, params=params, data=data, headers=_JSON if data else None
         )

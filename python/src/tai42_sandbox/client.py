@@ -39,6 +39,7 @@ from ._wire import (
     error_from_wire,
     result_from_wire,
     reveal,
+    to_json,
     valid_bytes,
     valid_timeout,
 )
@@ -142,7 +143,7 @@ class Tai42Session(SandboxSession):
         data = None if stdin is None else valid_bytes(op, "stdin", stdin)
         body = _exec_body(args, cwd, env, timeout, user)
         if data is not None:
-            raw = json.dumps(body, ensure_ascii=False).encode()
+            raw = to_json(body).encode()
             if len(raw) + _STDIN_FIELD + (len(data) + 2) // 3 * 4 > self._sb._json_limit():
                 return await self._exec_streamed(args, cwd, env, timeout, user, data)
             body["stdin_base64"] = base64.b64encode(data).decode()
@@ -229,7 +230,7 @@ class Tai42Session(SandboxSession):
                     f"{EXEC_SUBPROTOCOL}",
                     op=op,
                 )
-            await ws.send_str(json.dumps(start, ensure_ascii=False))
+            await ws.send_str(to_json(start))
             msg = await ws.receive()
             f = self._first_frame(t, op, msg)
         except BaseException as e:
