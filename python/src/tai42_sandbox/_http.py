@@ -4,7 +4,6 @@ becomes the contract's error."""
 
 from __future__ import annotations
 
-import json
 import os
 import ssl as _ssl
 from collections.abc import Mapping
@@ -15,7 +14,7 @@ import aiohttp
 
 from tai42_contract.sandbox import SandboxError
 
-from ._wire import error_from_wire, to_json
+from ._wire import error_from_wire, from_json, to_json
 
 DEFAULT_URL: Final = "http://127.0.0.1:4242"
 # How many keep-alive connections the pool keeps to the daemon, so that
@@ -187,7 +186,7 @@ class Transport:
         except aiohttp.ClientError as e:
             return self.unreachable(op, e)
         try:
-            wire = json.loads(body)["error"]
+            wire = from_json(body)["error"]
             if isinstance(wire, dict) and wire.get("kind"):
                 return error_from_wire(wire)
         except (ValueError, KeyError, TypeError):
@@ -222,7 +221,7 @@ class Transport:
         if not raw:
             return None
         try:
-            return json.loads(raw)
+            return from_json(raw)
         except ValueError:
             raise SandboxError(
                 f"the daemon at {self.display} answered {resp.status} with a body that is not "

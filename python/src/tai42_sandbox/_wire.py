@@ -89,6 +89,14 @@ _REASONS: Final = frozenset(get_args(RejectReason))
 to_json: Final = json.JSONEncoder(ensure_ascii=False).encode
 
 
+def from_json(raw: bytes) -> Any:
+    """The daemon's JSON answer. It is UTF-8 (RFC 8259 asks no other of a
+    JSON body), so it is decoded as such instead of json.loads sniffing
+    bytes for UTF-16 and UTF-32; a body that is not UTF-8 raises
+    ValueError like one that is not JSON."""
+    return json.loads(raw.decode())
+
+
 def status_of(kind: str) -> int:
     """The HTTP status of a kind (500 for one the table does not know)."""
     return KIND_STATUS.get(kind, 500)
