@@ -11,6 +11,7 @@ from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
 import aiohttp
+from yarl import URL
 
 from tai42_contract.sandbox import SandboxError
 
@@ -140,6 +141,12 @@ class Transport:
     def url(self, path: str) -> str:
         return self.endpoint.base + path
 
+    def parsed_url(self, path: str) -> URL:
+        """url(path) parsed, for a URL a caller keeps (a session's exec
+        URL), which aiohttp then does not parse again on every request.
+        The base parsed at connect, so this does not fail."""
+        return URL(self.url(path))
+
     def unreachable(self, op: str, err: BaseException) -> SandboxError:
         """The error of a request that got no answer."""
         if isinstance(err, aiohttp.ClientConnectorError):
@@ -156,18 +163,18 @@ class Transport:
         self,
         op: str,
         method: str,
-        path: str,
+        path: str | URL,
         *,
         params: Mapping[str, str] | None = None,
         data: Any = None,
         headers: Mapping[str, str] | None = None,
     ) -> aiohttp.ClientResponse:
         """Sends a request and returns its 2xx answer, unread (the caller
-        releases it); any other answer is decoded into its error."""
+        releases it); any other answer is decoded into its error. path is
+        a path on the daemon or a URL from :meth:`parsed_url`."""
+        url = path if isinstance(path, URL) else self.url(path)
         try:
-            resp = await self.http.request(
-                method, self.url(path), params=params, data=data, headers=headers
-            )
+            resp = await self.http.request(method, url, params=params, data=data, headers=headers)
         except aiohttp.ClientError as e:
             raise self.unreachable(op, e) from None
         if 200 <= resp.status < 300:
@@ -201,7 +208,7 @@ class Transport:
         self,
         op: str,
         method: str,
-        path: str,
+        path: str | URL,
         body: Any = None,
         *,
         params: Mapping[str, str] | None = None,
