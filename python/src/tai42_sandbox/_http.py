@@ -4,7 +4,6 @@ becomes the contract's error."""
 
 from __future__ import annotations
 
-import json
 import os
 import ssl as _ssl
 from collections.abc import Mapping
@@ -12,10 +11,12 @@ from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
 import aiohttp
+from aiohttp.payload import BytesPayload
+from yarl import URL
 
 from tai42_contract.sandbox import SandboxError
 
-from ._wire import error_from_wire
+from ._wire import error_from_wire, from_json, to_json
 
 DEFAULT_URL: Final = "http://127.0.0.1:4242"
 # How many keep-alive connections the pool keeps to the daemon, so that
@@ -24,7 +25,7 @@ POOL_SIZE: Final = 64
 # The most of an error answer that is read.
 MAX_ERROR_BODY: Final = 1 << 20
 
-_JSON: Final = {"Content-Type": "application/json"}
+_JSON: Final = "application/json"
 
 
 def session_path(session_id: str, rest: str = "") -> str:
@@ -121,7 +122,7 @@ class Transport:
             connector = aiohttp.TCPConnector(
                 limit=POOL_SIZE, ssl=self._ssl if self._ssl is not None else True
             )
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": _JSON}
         if self._token:
             headers["Authorization"] = "Bearer " + self._token
         self._http = aiohttp.ClientSession(
@@ -141,6 +142,12 @@ class Transport:
     def url(self, path: str) -> str:
         return self.endpoint.base + path
 
+    def parsed_url(self, path: str) -> URL:
+        """url(path) parsed, for a URL a caller keeps (a session's exec
+        URL), which aiohttp then does not parse again on every request.
+        The base parsed at connect, so this does not fail."""
+        return URL(self.url(path))
+
     def unreachable(self, op: str, err: BaseException) -> SandboxError:
         """The error of a request that got no answer."""
         if isinstance(err, aiohttp.ClientConnectorError):
@@ -157,18 +164,18 @@ class Transport:
         self,
         op: str,
         method: str,
-        path: str,
+        path: str | URL,
         *,
         params: Mapping[str, str] | None = None,
         data: Any = None,
         headers: Mapping[str, str] | None = None,
     ) -> aiohttp.ClientResponse:
         """Sends a request and returns its 2xx answer, unread (the caller
-        releases it); any other answer is decoded into its error."""
+        releases it); any other answer is decoded into its error. path is
+        a path on the daemon or a URL from :meth:`parsed_url`."""
+        url = path if isinstance(path, URL) else self.url(path)
         try:
-            resp = await self.http.request(
-                method, self.url(path), params=params, data=data, headers=headers
-            )
+            resp = await self.http.request(method, url, params=params, data=data, headers=headers)
         except aiohttp.ClientError as e:
             raise self.unreachable(op, e) from None
         if 200 <= resp.status < 300:
@@ -187,7 +194,7 @@ class Transport:
         except aiohttp.ClientError as e:
             return self.unreachable(op, e)
         try:
-            wire = json.loads(body)["error"]
+            wire = from_json(body)["error"]
             if isinstance(wire, dict) and wire.get("kind"):
                 return error_from_wire(wire)
         except (ValueError, KeyError, TypeError):
@@ -202,17 +209,17 @@ class Transport:
         self,
         op: str,
         method: str,
-        path: str,
+        path: str | URL,
         body: Any = None,
         *,
         params: Mapping[str, str] | None = None,
     ) -> Any:
         """A JSON request (body, if not None) and its JSON answer (None for
         an empty one)."""
-        data = None if body is None else json.dumps(body, ensure_ascii=False).encode()
-        resp = await self.request(
-            op, method, path, params=params, data=data, headers=_JSON if data else None
-        )
+        # A payload made here carries its Content-Type, which spares
+        # aiohttp a lookup of the payload type and a merge of headers.
+        data = None if body is None else BytesPayload(to_json(body).encode(), content_type=_JSON)
+        resp = await self.request(op, method, path, params=params, data=data)
         try:
             raw = await resp.read()
         except aiohttp.ClientError as e:
@@ -222,7 +229,7 @@ class Transport:
         if not raw:
             return None
         try:
-            return json.loads(raw)
+            return from_json(raw)
         except ValueError:
             raise SandboxError(
                 f"the daemon at {self.display} answered {resp.status} with a body that is not "

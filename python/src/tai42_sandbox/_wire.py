@@ -5,6 +5,7 @@ JSON forms, and the interactive exec's frame constants (``api/frames.go``)."""
 from __future__ import annotations
 
 import base64
+import json
 import math
 from collections.abc import Mapping
 from typing import Any, Final, get_args
@@ -82,6 +83,18 @@ KIND_STATUS: Final[Mapping[str, int]] = {
 }
 
 _REASONS: Final = frozenset(get_args(RejectReason))
+
+# One encoder for every JSON the client sends: json.dumps with a keyword
+# argument builds a new JSONEncoder per call, a cost on every exec.
+to_json: Final = json.JSONEncoder(ensure_ascii=False).encode
+
+
+def from_json(raw: bytes) -> Any:
+    """The daemon's JSON answer. It is UTF-8 (RFC 8259 asks no other of a
+    JSON body), so it is decoded as such instead of json.loads sniffing
+    bytes for UTF-16 and UTF-32; a body that is not UTF-8 raises
+    ValueError like one that is not JSON."""
+    return json.loads(raw.decode())
 
 
 def status_of(kind: str) -> int:
