@@ -7,13 +7,14 @@
 #   BENCH_COUNT=9 bash bench/python.sh      # more rounds (default 5)
 #
 # Env: BENCH_COUNT (rounds, default 5), BENCH_EXECS (timed execs per side
-# per round, default 1000), PYTHON (default /work/venv/bin/python if it
+# per round, default 1000), PYTHON (default python/.venv/bin/python, which
+# python/test.sh makes, if it
 # exists, else python3; it needs pydantic and aiohttp).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-py=${PYTHON:-$( [ -x /work/venv/bin/python ] && echo /work/venv/bin/python || echo python3 )}
+py=${PYTHON:-$( [ -x python/.venv/bin/python ] && echo python/.venv/bin/python || echo python3 )}
 work=$(mktemp -d /tmp/t42pybench.XXXXXX)
 pid=
 cleanup() {
