@@ -5,11 +5,16 @@
 #
 #   bash bench/python.sh                    # from the repo root
 #   BENCH_COUNT=9 bash bench/python.sh      # more rounds (default 5)
+#   BENCH_CALLGRIND=1 bash bench/python.sh  # also the instructions per exec
 #
 # Env: BENCH_COUNT (rounds, default 5), BENCH_EXECS (timed execs per side
 # per round, default 1000), PYTHON (default python/.venv/bin/python, which
-# python/test.sh makes, if it
-# exists, else python3; it needs pydantic and aiohttp).
+# python/test.sh makes, if it exists, else python3; it needs pydantic and
+# aiohttp), BENCH_CALLGRIND=1 (after the table, the Python client's
+# user-space instructions per exec under valgrind's callgrind: (count with
+# 1000 execs - count with none) / 1000, with PYTHONHASHSEED=0; steady to
+# about 1% whatever the load, where the latencies and CPU times move by
+# tens of percent; needs valgrind).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -41,5 +46,15 @@ load0=$(cut -d' ' -f1-3 /proc/loadavg)
 start=$(date +%s)
 PYTHONPATH=python/src "$py" bench/python/client_bench.py --url "unix:$sock" --token "$token" \
 	--gobench "$work/gobench"
+if [ "${BENCH_CALLGRIND:-}" = 1 ]; then
+	ir() {
+		PYTHONHASHSEED=0 PYTHONPATH=python/src valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+			"$py" bench/python/exec_loop.py --url "unix:$sock" --token "$token" -n "$1" 2>&1 |
+			sed -n 's/.*Collected : \([0-9,]*\).*/\1/p' | tr -d ,
+	}
+	ir0=$(ir 0)
+	ir1=$(ir 1000)
+	echo "exec /bin/true, Python client: $(((ir1 - ir0) / 1000)) instructions per exec (callgrind)"
+fi
 echo "Python $("$py" -c 'import sys, aiohttp; print(sys.version.split()[0], "aiohttp", aiohttp.__version__)'), $(nproc) CPUs"
 echo "load average before: $load0, after: $(cut -d' ' -f1-3 /proc/loadavg); took $(($(date +%s) - start))s"

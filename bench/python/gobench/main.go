@@ -4,7 +4,9 @@
 //
 //	gobench -url unix:/path.sock -token TOKEN -n 2000
 //
-// It prints one JSON object: {"n": N, "p50_us": ..., "p99_us": ...}.
+// It prints one JSON object: {"n": N, "p50_us": ..., "p99_us": ...,
+// "cpu_us": ...}, cpu_us being the process's CPU time (user + system, all
+// threads) over the timed execs, per exec.
 package main
 
 import (
@@ -14,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/tai42/sandbox"
@@ -42,19 +45,28 @@ func run(url, token string, n int, files bool) error {
 	}
 	defer s.Destroy(ctx) //nolint:errcheck // best effort at exit
 	const warm = 20
-	lat := make([]time.Duration, 0, n)
-	for i := range n + warm {
-		t := time.Now()
-		if _, err := s.Exec(ctx, []string{"/bin/true"}, sandbox.ExecOptions{Timeout: 10 * time.Second}); err != nil {
+	opts := sandbox.ExecOptions{Timeout: 10 * time.Second}
+	for range warm {
+		if _, err := s.Exec(ctx, []string{"/bin/true"}, opts); err != nil {
 			return err
 		}
-		if i >= warm {
-			lat = append(lat, time.Since(t))
-		}
 	}
+	lat := make([]time.Duration, 0, n)
+	cpu0 := cpuTime()
+	for range n {
+		t := time.Now()
+		if _, err := s.Exec(ctx, []string{"/bin/true"}, opts); err != nil {
+			return err
+		}
+		lat = append(lat, time.Since(t))
+	}
+	cpu := cpuTime() - cpu0
 	slices.Sort(lat)
 	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
-	out := map[string]any{"n": n, "p50_us": us(lat[len(lat)/2]), "p99_us": us(lat[len(lat)*99/100])}
+	out := map[string]any{
+		"n": n, "p50_us": us(lat[len(lat)/2]), "p99_us": us(lat[len(lat)*99/100]),
+		"cpu_us": us(cpu) / float64(n),
+	}
 	if files {
 		data := make([]byte, 64<<20)
 		mbs := func(d time.Duration) float64 { return float64(len(data)) / d.Seconds() / 1e6 }
@@ -70,4 +82,13 @@ func run(url, token string, n int, files bool) error {
 		out["get_mbs"] = mbs(time.Since(t))
 	}
 	return json.NewEncoder(os.Stdout).Encode(out)
+}
+
+// cpuTime is the process's user + system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -122,7 +122,9 @@ class Transport:
             connector = aiohttp.TCPConnector(
                 limit=POOL_SIZE, ssl=self._ssl if self._ssl is not None else True
             )
-        headers = {"Accept": _JSON}
+        # identity: the client reads bodies as sent (auto_decompress off, so a
+        # file is never inflated twice), so it must not ask a proxy for gzip.
+        headers = {"Accept": _JSON, "Accept-Encoding": "identity"}
         if self._token:
             headers["Authorization"] = "Bearer " + self._token
         self._http = aiohttp.ClientSession(
