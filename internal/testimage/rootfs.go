@@ -39,6 +39,21 @@ func RootfsImage(rootfsTar string, cfg RootfsConfig) (v1.Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("testimage: %s: %w", rootfsTar, err)
 	}
+	env := cfg.Env
+	if env == nil {
+		env = []string{DebianPath}
+	}
+	cmd := cfg.Cmd
+	if cmd == nil {
+		cmd = []string{"/bin/sh"}
+	}
+	return singleLayerImage(layer, env, cmd)
+}
+
+// singleLayerImage is the image of layer alone on this machine's platform,
+// with env and cmd in its config and a fixed creation time, so that the
+// same layer always gives the same image id.
+func singleLayerImage(layer v1.Layer, env, cmd []string) (v1.Image, error) {
 	img, err := mutate.AppendLayers(empty.Image, layer)
 	if err != nil {
 		return nil, fmt.Errorf("testimage: %w", err)
@@ -50,14 +65,7 @@ func RootfsImage(rootfsTar string, cfg RootfsConfig) (v1.Image, error) {
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture = "linux", runtime.GOARCH
 	cf.Created = v1.Time{Time: epoch}
-	cf.Config.Env = cfg.Env
-	if cf.Config.Env == nil {
-		cf.Config.Env = []string{DebianPath}
-	}
-	cf.Config.Cmd = cfg.Cmd
-	if cf.Config.Cmd == nil {
-		cf.Config.Cmd = []string{"/bin/sh"}
-	}
+	cf.Config.Env, cf.Config.Cmd = env, cmd
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {
 		return nil, fmt.Errorf("testimage: %w", err)

@@ -203,24 +203,7 @@ func buildImage() (v1.Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("testimage: %w", err)
 	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
-	if err != nil {
-		return nil, fmt.Errorf("testimage: %w", err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, fmt.Errorf("testimage: %w", err)
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	cf.Created = v1.Time{Time: epoch}
-	cf.Config.Env = []string{Path}
-	cf.Config.Cmd = []string{"/bin/sh"}
-	img, err = mutate.ConfigFile(img, cf)
-	if err != nil {
-		return nil, fmt.Errorf("testimage: %w", err)
-	}
-	return img, nil
+	return singleLayerImage(layer, []string{Path}, []string{"/bin/sh"})
 }
 
 // WriteBusyboxLayout writes an OCI image layout holding the busybox image
