@@ -112,7 +112,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 echo "writing the busybox rootfs..." >&2
-go run ./internal/testimage/cmd/mkbusybox -format rootfs -o "$work/rootfs" >/dev/null
+go run ./internal/imagestore/imagestoretest/cmd/mkbusybox -format rootfs -o "$work/rootfs" >/dev/null
 export BENCH_ROOTFS=$work/rootfs
 
 # dockerd: started here, checked at once; any failure leaves a reason.

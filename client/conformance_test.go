@@ -8,8 +8,8 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/client"
-	"github.com/tai42/sandbox/internal/hostsuite"
 	"github.com/tai42/sandbox/provider/host"
+	"github.com/tai42/sandbox/provider/host/hosttest"
 	"github.com/tai42/sandbox/sandboxtest"
 	"github.com/tai42/sandbox/server"
 )
@@ -21,7 +21,7 @@ const conformanceToken = "tai42-conformance-token"
 // cleanup: the server, then the sandbox (every session it still holds).
 func serveHost(t *testing.T, cfg sandboxtest.Config) string {
 	t.Helper()
-	sb := hostsuite.New(t, cfg)
+	sb := hosttest.New(t, cfg)
 	srv, err := server.New(sb, server.Options{Token: conformanceToken, Policy: cfg.Policy, Provider: host.Name, Logger: cfg.Logger})
 	if err != nil {
 		t.Fatal(err)
@@ -33,9 +33,9 @@ func serveHost(t *testing.T, cfg sandboxtest.Config) string {
 
 // TestConformance runs the whole contract suite against the host runner
 // served by the daemon's HTTP API, through the client: every clause holds
-// over the wire. Options are the host runner's (hostsuite.Options).
+// over the wire. Options are the host runner's (hosttest.Options).
 func TestConformance(t *testing.T) {
-	opts := hostsuite.Options(t)
+	opts := hosttest.Options(t)
 	opts.Restartable = restartableOverAPI
 	sandboxtest.Run(t, func(t *testing.T, cfg sandboxtest.Config) sandbox.Sandbox {
 		c := client.New(serveHost(t, cfg), conformanceToken)
@@ -60,7 +60,7 @@ func restartableOverAPI(t *testing.T, cfg sandboxtest.Config) (sandbox.Sandbox, 
 		t.Cleanup(func() { c.Close() })
 		return c, ts
 	}
-	sb, again := hostsuite.Restartable(t, cfg)
+	sb, again := hosttest.Restartable(t, cfg)
 	c, ts := serve(sb)
 	return c, func(crash bool) sandbox.Sandbox {
 		c.Close()

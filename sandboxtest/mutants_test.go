@@ -23,9 +23,9 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/hostsuite"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
+	"github.com/tai42/sandbox/provider/host/hosttest"
 	"github.com/tai42/sandbox/sandboxtest"
 )
 
@@ -48,7 +48,7 @@ type mutant struct {
 	config func(sandboxtest.Config) sandboxtest.Config
 }
 
-// asNobody are the mutants whose clauses run as hostsuite.Nobody, in a
+// asNobody are the mutants whose clauses run as hosttest.Nobody, in a
 // child of their own and against a control of their own: root reads a
 // file of mode 000, so as root (CI) Files/PermissionDenied skips.
 var asNobody = map[string]bool{"permission-not-found": true}
@@ -1109,11 +1109,11 @@ func runMutantChild(t *testing.T, ctx context.Context, name string, clauses []st
 		cmd.Env = append(cmd.Env, withoutUsersEnv+"=1")
 	}
 	if v.nobody {
-		hostsuite.AsNobody(t, cmd)
+		hosttest.AsNobody(t, cmd)
 	}
 	cmd.WaitDelay = 10 * time.Second
 	begin := time.Now()
-	out, err := hostsuite.CombinedOutput(ctx, cmd)
+	out, err := hosttest.CombinedOutput(ctx, cmd)
 	r := childResult{status: map[string]string{}, out: out, err: err, took: time.Since(begin)}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -1136,7 +1136,7 @@ func runChild(t *testing.T, name string) {
 		}
 		m = mutants[i]
 	}
-	opts, newHost := hostsuite.Options(t), func(t *testing.T, cfg sandboxtest.Config) sandbox.Sandbox { return hostsuite.New(t, cfg) }
+	opts, newHost := hosttest.Options(t), func(t *testing.T, cfg sandboxtest.Config) sandbox.Sandbox { return hosttest.New(t, cfg) }
 	if os.Getenv(withoutUsersEnv) == "1" {
 		opts.User, newHost = nil, hostWithoutUsers
 	}

@@ -10,21 +10,21 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/containersuite"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 // ourPeers are the provider's variants: runtime and image.
 var ourPeers = []struct{ rt, image string }{
-	{"runc", containersuite.Busybox},
+	{"runc", containertest.Busybox},
 	{"runc", container.HostImage},
-	{"crun", containersuite.Busybox},
+	{"crun", containertest.Busybox},
 	{"crun", container.HostImage},
 }
 
 // ourName is a provider variant's sub-benchmark name: runc-busybox.
 func ourName(rt, image string) string {
-	if image == containersuite.Busybox {
+	if image == containertest.Busybox {
 		image = "busybox"
 	}
 	return rt + "-" + image
@@ -58,7 +58,7 @@ func BenchmarkCreateFirstExecAgent(b *testing.B) {
 	for _, v := range ourPeers {
 		b.Run(ourName(v.rt, v.image)+"-static", func(b *testing.B) { oursCreateFirstExecAgent(b, v.rt, v.image, "") })
 		b.Run(ourName(v.rt, v.image)+"-dynamic", func(b *testing.B) {
-			oursCreateFirstExecAgent(b, v.rt, v.image, containersuite.DynamicAgent(b))
+			oursCreateFirstExecAgent(b, v.rt, v.image, containertest.DynamicAgent(b))
 		})
 	}
 }

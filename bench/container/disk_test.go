@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tai42/sandbox/internal/containersuite"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 // BenchmarkDiskCap: create → first exec finished (as
@@ -38,7 +38,7 @@ func BenchmarkDiskCap(b *testing.B) {
 		}
 		time.Sleep(30 * time.Millisecond)
 		t0 := time.Now()
-		s, err := sb.CreateSession(ctx, sessionSpec(containersuite.Busybox))
+		s, err := sb.CreateSession(ctx, sessionSpec(containertest.Busybox))
 		if err != nil {
 			return 0, err
 		}

@@ -16,10 +16,10 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/containersuite"
-	"github.com/tai42/sandbox/internal/escapeprobe/build"
+	"github.com/tai42/sandbox/internal/escapeprobe/escapeprobetest"
 	"github.com/tai42/sandbox/internal/sessnet/sessnettest"
 	"github.com/tai42/sandbox/kit"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 // The egress benchmark's knobs: the download's size and the lookups per
@@ -45,8 +45,8 @@ const (
 // filter's cost per lookup); filtered-MBps, open-MBps (the downloads'
 // medians) and filter-cost-% (how much slower the filtered download is).
 func BenchmarkEgress(b *testing.B) {
-	containersuite.Require(b)
-	if !containersuite.HasRuntime("runc") {
+	containertest.Require(b)
+	if !containertest.HasRuntime("runc") {
 		b.Skip("runc is not installed (apt-get install -y runc)")
 	}
 	subnets := sessnettest.FreePrefixes(b, netip.MustParsePrefix("10.247.0.0/16"), 24, 4)
@@ -62,14 +62,14 @@ func BenchmarkEgress(b *testing.B) {
 		dns  latencies
 		mbps []float64
 	}
-	probe := build.Build(b)
+	probe := escapeprobetest.Build(b)
 	probeBytes, err := os.ReadFile(probe)
 	if err != nil {
 		b.Fatal(err)
 	}
 	variants := []*variant{{name: "filtered"}, {name: "open"}}
 	for i, v := range variants {
-		opts := containersuite.Options(b, "runc", sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationContainer})
+		opts := containertest.Options(b, "runc", sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationContainer})
 		opts.ReapInterval = -1
 		opts.Network = nil
 		opts.NetPrefix = fmt.Sprintf("b%04x%d", os.Getpid()&0xffff, i)
@@ -78,7 +78,7 @@ func BenchmarkEgress(b *testing.B) {
 		if v.name == "filtered" {
 			opts.EgressAllowDomains = []string{egressName}
 		}
-		sb := containersuite.New(b, opts)
+		sb := containertest.New(b, opts)
 		v.sess = egressSession(b, sb, probeBytes)
 	}
 
@@ -141,7 +141,7 @@ func BenchmarkEgress(b *testing.B) {
 func egressSession(b *testing.B, sb *kit.Sandbox, probe []byte) sandbox.Session {
 	b.Helper()
 	ctx := context.Background()
-	s, err := sb.CreateSession(ctx, sandbox.SessionSpec{Image: containersuite.Busybox, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 3600})
+	s, err := sb.CreateSession(ctx, sandbox.SessionSpec{Image: containertest.Busybox, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 3600})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/tai42/sandbox/internal/containersuite"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 func TestMeminfoField(t *testing.T) {
@@ -68,15 +68,15 @@ func TestPercentile(t *testing.T) {
 // that it reads what it should and leaves nothing behind: a session's
 // create, exec, memory and destroy; a bare runc run, exec and delete.
 func TestMeasurements(t *testing.T) {
-	containersuite.Require(t)
+	containertest.Require(t)
 	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
 	ctx := context.Background()
 
 	t.Run("ours", func(t *testing.T) {
-		opts := containersuite.Options(t, "runc", policy)
+		opts := containertest.Options(t, "runc", policy)
 		opts.ReapInterval = -1
-		sb := containersuite.New(t, opts)
-		s, err := sb.CreateSession(ctx, sessionSpec(containersuite.Busybox))
+		sb := containertest.New(t, opts)
+		s, err := sb.CreateSession(ctx, sessionSpec(containertest.Busybox))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,7 +15,7 @@
 //
 // Every other peer uses network "none" (the provider's loopback-only tier,
 // `docker --network none`, the bare runtimes' empty network namespace of
-// `runc spec`) and the same busybox root filesystem (package testimage):
+// `runc spec`) and the same busybox root filesystem (package imagestoretest):
 // imported into the provider's image store, written as a plain directory
 // for the bare runtimes (or BENCH_ROOTFS), and `docker import`ed from a
 // tar of that directory (BENCH_DOCKER_IMAGE). The provider also runs its
@@ -55,12 +55,12 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/containersuite"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
-func TestMain(m *testing.M) { containersuite.Main(m) }
+func TestMain(m *testing.M) { containertest.Main(m) }
 
 const execTimeout = 30 * time.Second
 
@@ -119,16 +119,16 @@ func newProviderAgent(b testing.TB, rt, agent string) (*tracked, container.Optio
 // not nil) before the provider is made.
 func newProviderWith(b testing.TB, rt string, set func(*container.Options)) (*tracked, container.Options) {
 	b.Helper()
-	if !containersuite.HasRuntime(rt) {
+	if !containertest.HasRuntime(rt) {
 		b.Skipf("%s is not installed (apt-get install -y %s)", rt, rt)
 	}
-	opts := containersuite.Options(b, rt, policy)
+	opts := containertest.Options(b, rt, policy)
 	opts.ReapInterval = -1
 	if set != nil {
 		set(&opts)
 	}
 	p := &tracked{}
-	// Registered before containersuite.New's Close, so it runs after it.
+	// Registered before containertest.New's Close, so it runs after it.
 	b.Cleanup(func() {
 		p.mu.Lock()
 		ids := slices.Clone(p.ids)
@@ -138,7 +138,7 @@ func newProviderWith(b testing.TB, rt string, set func(*container.Options)) (*tr
 			b.Errorf("the %s provider left, after its Close: session dirs %v, cgroups %v, mounts %v", rt, d, c, m)
 		}
 	})
-	p.Sandbox = containersuite.New(b, opts)
+	p.Sandbox = containertest.New(b, opts)
 	return p, opts
 }
 

@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tai42/sandbox/internal/testimage"
+	"github.com/tai42/sandbox/internal/imagestore/imagestoretest"
 )
 
 // busyboxRootfs is the busybox root filesystem for the bare runtimes:
@@ -34,7 +34,7 @@ func busyboxRootfs(b testing.TB) string {
 		}
 		return abs
 	}
-	return testimage.BusyboxRootfs(b, filepath.Join(b.TempDir(), "rootfs"))
+	return imagestoretest.BusyboxRootfs(b, filepath.Join(b.TempDir(), "rootfs"))
 }
 
 // bareRuntime drives runc or crun by hand, as a person would: a bundle

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/containersuite"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 // BenchmarkIdleSessions holds BENCH_SCALE_SESSIONS (default 500) live idle
@@ -59,7 +59,7 @@ func BenchmarkIdleSessions(b *testing.B) {
 		}
 		made := make([]sandbox.Session, n)
 		creates, createWall, createErr := parallel(n, conc, func(i int) error {
-			s, err := sb.CreateSession(ctx, sessionSpec(containersuite.Busybox))
+			s, err := sb.CreateSession(ctx, sessionSpec(containertest.Busybox))
 			made[i] = s
 			return err
 		})

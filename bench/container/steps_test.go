@@ -20,8 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox/internal/agent"
-	"github.com/tai42/sandbox/internal/containersuite"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 // runSteps are the parts of a create that BenchmarkCreateSteps times
@@ -100,7 +100,7 @@ type liveBundle struct {
 // edit (nil: as the provider wrote it).
 func newLiveBundle(b testing.TB, sb *tracked, opts container.Options, rt string, edit func(*specs.Spec)) *liveBundle {
 	b.Helper()
-	s, err := sb.CreateSession(context.Background(), sessionSpec(containersuite.Busybox))
+	s, err := sb.CreateSession(context.Background(), sessionSpec(containertest.Busybox))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func stepsBench(b *testing.B, rt string, edit func(*specs.Spec)) {
 	// provider, for the share of the provider's own work.
 	createFirstExec := func() (time.Duration, error) {
 		t0 := time.Now()
-		s, err := sb.CreateSession(ctx, sessionSpec(containersuite.Busybox))
+		s, err := sb.CreateSession(ctx, sessionSpec(containertest.Busybox))
 		if err != nil {
 			return 0, err
 		}
@@ -348,7 +348,7 @@ func (lb *liveBundle) start(ctx context.Context) (_ *stepTimer, _ func() error, 
 // first answer to a ping (reported as ping-p50-ns and total-p50-ns): the
 // floor of the ping step, the Go program's own start.
 func agentAlone(b *testing.B) {
-	bin := containersuite.Agent(b)
+	bin := containertest.Agent(b)
 	dir, err := os.MkdirTemp("", "tai42-bench-agent-")
 	if err != nil {
 		b.Fatal(err)

@@ -15,10 +15,10 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/containersuite"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/ledger"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/container/containertest"
 	"github.com/tai42/sandbox/provider/host"
 )
 
@@ -30,13 +30,13 @@ func hostOpen(dir string, l kit.Ledger) (*kit.Sandbox, error) {
 	return host.New(host.Options{StateDir: dir, Policy: policy, ReapInterval: -1, Ledger: l})
 }
 
-func TestMain(m *testing.M) { containersuite.Main(m) }
+func TestMain(m *testing.M) { containertest.Main(m) }
 
 // containerOpener is the container provider on crun, with the static agent
-// and network manager containersuite prepared.
+// and network manager containertest prepared.
 func containerOpener(b *testing.B) opener {
 	return func(dir string, l kit.Ledger) (*kit.Sandbox, error) {
-		opts := containersuite.Options(b, "crun", policy)
+		opts := containertest.Options(b, "crun", policy)
 		opts.StateDir, opts.Ledger, opts.ReapInterval = dir, l, -1
 		return container.New(opts)
 	}
@@ -49,8 +49,8 @@ func containerOpener(b *testing.B) opener {
 func BenchmarkLedger(b *testing.B) {
 	b.Run("host", func(b *testing.B) { bench(b, hostOpen, sandbox.NetworkEgress) })
 	b.Run("container", func(b *testing.B) {
-		containersuite.Require(b)
-		if !containersuite.HasRuntime("crun") {
+		containertest.Require(b)
+		if !containertest.HasRuntime("crun") {
 			b.Skip("crun is not installed")
 		}
 		bench(b, containerOpener(b), sandbox.NetworkNone)

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox/api"
-	"github.com/tai42/sandbox/internal/testimage"
+	"github.com/tai42/sandbox/internal/imagestore/imagestoretest"
 )
 
 // requireContainer skips a test of the container provider where it cannot
@@ -185,7 +185,7 @@ func TestBinaryContainerCgo(t *testing.T) {
 	}
 	importBusybox := func(state string) {
 		t.Helper()
-		layout := testimage.BusyboxLayout(t, filepath.Join(t.TempDir(), "oci"), "busybox:test")
+		layout := imagestoretest.BusyboxLayout(t, filepath.Join(t.TempDir(), "oci"), "busybox:test")
 		if _, errOut, code := run([]string{path, "TAI42_STATE_DIR=" + state}, "", "image", "import", layout, "--name", "busybox:test"); code != 0 {
 			t.Fatalf("tai42 image import: exit %d, stderr %q", code, errOut)
 		}

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox/internal/imagestore"
-	"github.com/tai42/sandbox/internal/testimage"
+	"github.com/tai42/sandbox/internal/imagestore/imagestoretest"
 )
 
 // imageLs runs "tai42 image ls --json" and decodes it.
@@ -27,8 +27,8 @@ func imageLs(t *testing.T, env map[string]string) []imageJSON {
 func TestImageEndToEnd(t *testing.T) {
 	state := t.TempDir()
 	env := map[string]string{stateDirEnv: state}
-	layout := testimage.BusyboxLayout(t, filepath.Join(t.TempDir(), "oci"), "busybox:test")
-	saved := testimage.BusyboxDockerSave(t, filepath.Join(t.TempDir(), "busybox.tar"), "busybox:saved")
+	layout := imagestoretest.BusyboxLayout(t, filepath.Join(t.TempDir(), "oci"), "busybox:test")
+	saved := imagestoretest.BusyboxDockerSave(t, filepath.Join(t.TempDir(), "busybox.tar"), "busybox:saved")
 
 	// An empty store.
 	if r := runCLI(t, nil, env, "image", "ls", "--json"); r.code != exitOK || strings.TrimSpace(r.stdout) != "[]" {
@@ -118,7 +118,7 @@ func TestImageErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	missing := filepath.Join(t.TempDir(), "missing.tar")
-	layout := testimage.BusyboxLayout(t, filepath.Join(t.TempDir(), "oci"), "")
+	layout := imagestoretest.BusyboxLayout(t, filepath.Join(t.TempDir(), "oci"), "")
 	for _, c := range []struct {
 		args []string
 		code int

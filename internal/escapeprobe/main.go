@@ -2,7 +2,7 @@
 
 // Command escapeprobe is a tiny static program the escape tests run inside a
 // container: it attempts one thing a sandboxed process should (or should
-// not) be able to do and says how that went. internal/escapeprobe/build
+// not) be able to do and says how that went. internal/escapeprobe/escapeprobetest
 // builds it (CGO_ENABLED=0, so it runs in a rootfs with no libc).
 //
 // Usage: escapeprobe SUBCOMMAND [ARG]. It prints exactly one JSON line

@@ -13,7 +13,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	"github.com/tai42/sandbox/internal/escapeprobe/build"
+	"github.com/tai42/sandbox/internal/escapeprobe/escapeprobetest"
 )
 
 // compatGOARCH is the 32-bit mode of each 64-bit GOARCH's kernel.
@@ -93,14 +93,14 @@ func TestCompat32(t *testing.T) {
 	if !ok {
 		t.Skipf("no 32-bit mode known for GOARCH %s", runtime.GOARCH)
 	}
-	probe := build.BuildFor(t, goarch)
+	probe := escapeprobetest.BuildFor(t, goarch)
 	if out, err := exec.Command(probe, "threads").CombinedOutput(); err != nil {
 		t.Skipf("this kernel does not run %s binaries (%v: %s): no 32-bit program can run in a session either", goarch, err, out)
 	}
 	// Whether this host's kernel makes AF_VSOCK sockets at all, asked of the
 	// native probe, and whether the 32-bit one does outside any container
 	// (a socket made and closed).
-	vsockHere := probeOnHost(t, build.Build(t), "vsock").OK
+	vsockHere := probeOnHost(t, escapeprobetest.Build(t), "vsock").OK
 	if vsock32 := probeOnHost(t, probe, "vsock"); vsock32.OK != vsockHere {
 		t.Fatalf("on the host the 32-bit probe's vsock gives %+v, the native one ok=%v", vsock32, vsockHere)
 	}

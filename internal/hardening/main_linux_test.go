@@ -8,7 +8,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/tai42/sandbox/internal/escapeprobe/build"
+	"github.com/tai42/sandbox/internal/escapeprobe/escapeprobetest"
 )
 
 // TestMain removes what the tests built once (the probe, the shared rootfs)
@@ -24,7 +24,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "removing the shared rootfs: %v\n", err)
 		code = 1
 	}
-	if err := build.Cleanup(); err != nil {
+	if err := escapeprobetest.Cleanup(); err != nil {
 		fmt.Fprintf(os.Stderr, "removing the escape probe: %v\n", err)
 		code = 1
 	}

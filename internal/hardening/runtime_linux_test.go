@@ -24,7 +24,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/tai42/sandbox/internal/escapeprobe/build"
+	"github.com/tai42/sandbox/internal/escapeprobe/escapeprobetest"
 )
 
 const (
@@ -66,7 +66,7 @@ func needRuntime(t *testing.T, name string) string {
 // containers whose root is read-only.
 func sharedRootfs(t *testing.T) string {
 	t.Helper()
-	probe := build.Build(t)
+	probe := escapeprobetest.Build(t)
 	rootfsOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "tai42-hardening-rootfs-")
 		if err != nil {
@@ -86,7 +86,7 @@ func sharedRootfs(t *testing.T) string {
 func privateRootfs(t *testing.T) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "rootfs")
-	if err := makeRootfs(dir, build.Build(t)); err != nil {
+	if err := makeRootfs(dir, escapeprobetest.Build(t)); err != nil {
 		t.Fatalf("building a rootfs: %v", err)
 	}
 	return dir

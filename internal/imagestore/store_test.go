@@ -26,14 +26,14 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/tai42/sandbox/internal/testimage"
+	"github.com/tai42/sandbox/internal/imagestore/imagestoretest"
 )
 
 // busyboxID is the ID the busybox test image has.
 func busyboxID(t *testing.T) string {
 	t.Helper()
-	img, err := testimage.BusyboxImage()
-	if errors.Is(err, testimage.ErrNoBusybox) {
+	img, err := imagestoretest.BusyboxImage()
+	if errors.Is(err, imagestoretest.ErrNoBusybox) {
 		t.Skip(err)
 	}
 	if err != nil {
@@ -55,19 +55,19 @@ func checkBusybox(t *testing.T, img Image, wantName string) {
 	if want := busyboxID(t); img.ID != want {
 		t.Errorf("ID %s, want the config digest %s", img.ID, want)
 	}
-	if !slices.Equal(img.Env, []string{testimage.Path}) {
+	if !slices.Equal(img.Env, []string{imagestoretest.Path}) {
 		t.Errorf("env %q", img.Env)
 	}
 	if strings.Contains(img.Rootfs, ":") || !filepath.IsAbs(img.Rootfs) {
 		t.Errorf("rootfs %q: want an absolute path without ':'", img.Rootfs)
 	}
-	host, err := os.ReadFile(testimage.Busybox)
+	host, err := os.ReadFile(imagestoretest.Busybox)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got, err := os.ReadFile(filepath.Join(img.Rootfs, "bin/busybox"))
 	if err != nil || !bytes.Equal(got, host) {
-		t.Fatalf("bin/busybox differs from %s (%v)", testimage.Busybox, err)
+		t.Fatalf("bin/busybox differs from %s (%v)", imagestoretest.Busybox, err)
 	}
 	if img.Size < int64(len(host)) || img.Size > 4*int64(len(host))+1<<20 {
 		t.Errorf("size %d, busybox alone is %d", img.Size, len(host))
@@ -98,7 +98,7 @@ func checkBusybox(t *testing.T, img Image, wantName string) {
 
 func TestImportLayout(t *testing.T) {
 	s := openStore(t)
-	dir := testimage.BusyboxLayout(t, filepath.Join(t.TempDir(), "oci"), "busybox:test")
+	dir := imagestoretest.BusyboxLayout(t, filepath.Join(t.TempDir(), "oci"), "busybox:test")
 	img := mustImport(t, s, dir, "")
 	checkBusybox(t, img, "busybox:test")
 	if time.Since(img.Imported) > time.Minute {
@@ -117,7 +117,7 @@ func TestImportLayout(t *testing.T) {
 
 func TestImportDockerSave(t *testing.T) {
 	s := openStore(t)
-	file := testimage.BusyboxDockerSave(t, filepath.Join(t.TempDir(), "busybox.tar"), "busybox:saved")
+	file := imagestoretest.BusyboxDockerSave(t, filepath.Join(t.TempDir(), "busybox.tar"), "busybox:saved")
 	checkBusybox(t, mustImport(t, s, file, ""), "busybox:saved")
 	// gzip-compressed, under another name.
 	checkBusybox(t, mustImport(t, s, gzipFile(t, file), "other"), "other:latest")
@@ -126,7 +126,7 @@ func TestImportDockerSave(t *testing.T) {
 
 func TestImportLayoutTar(t *testing.T) {
 	s := openStore(t)
-	dir := testimage.BusyboxLayout(t, filepath.Join(t.TempDir(), "oci"), "docker.io/library/busybox:tar")
+	dir := imagestoretest.BusyboxLayout(t, filepath.Join(t.TempDir(), "oci"), "docker.io/library/busybox:tar")
 	checkBusybox(t, mustImport(t, s, tarDir(t, dir, false), ""), "busybox:tar")
 	checkBusybox(t, mustImport(t, s, tarDir(t, dir, true), "busybox:targz"), "busybox:targz")
 	assertClean(t, s)
@@ -134,7 +134,7 @@ func TestImportLayoutTar(t *testing.T) {
 
 func TestNameSpellings(t *testing.T) {
 	s := openStore(t)
-	dir := testimage.BusyboxLayout(t, filepath.Join(t.TempDir(), "oci"), "")
+	dir := imagestoretest.BusyboxLayout(t, filepath.Join(t.TempDir(), "oci"), "")
 	err := importErr(t, s, dir, "", ErrNeedName)
 	if !strings.Contains(err.Error(), "give it a name") || !strings.Contains(err.Error(), dir) {
 		t.Errorf("error %q: want it to name the file and ask for a name", err)

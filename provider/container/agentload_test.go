@@ -9,15 +9,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tai42/sandbox/internal/testimage"
+	"github.com/tai42/sandbox/internal/imagestore/imagestoretest"
 )
 
 // TestLoadAgentStatic: a static binary runs as it is, with no bind.
 func TestLoadAgentStatic(t *testing.T) {
-	if _, err := os.Stat(testimage.Busybox); err != nil {
-		t.Skipf("no static busybox at %s (apt-get install -y busybox-static)", testimage.Busybox)
+	if _, err := os.Stat(imagestoretest.Busybox); err != nil {
+		t.Skipf("no static busybox at %s (apt-get install -y busybox-static)", imagestoretest.Busybox)
 	}
-	a, err := loadAgent(testimage.Busybox)
+	a, err := loadAgent(imagestoretest.Busybox)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/containersuite"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 // bomb is the fork bomb: a shell function that runs itself twice in the
@@ -126,7 +126,7 @@ func TestCapsForkBomb(t *testing.T) {
 func TestCapsForkBombDestroy(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T, rt string) {
 		p := newProvider(t, rt)
-		sp := spec(containersuite.Busybox, sandbox.NetworkNone)
+		sp := spec(containertest.Busybox, sandbox.NetworkNone)
 		sp.CPU = 1
 		sess := p.session(t, sp)
 		id := sess.ID()
@@ -243,7 +243,7 @@ func TestCapsMemoryBomb(t *testing.T) {
 			t.Fatalf("the session's memory limit is %d, want %d", got, 64<<20)
 		}
 		argv := []string{"python3", "-c", "b = b'x' * (1 << 30)"}
-		if image == containersuite.Busybox {
+		if image == containertest.Busybox {
 			argv = []string{"sh", "-c", "dd if=/dev/zero bs=1M count=500 2>/dev/null | sort >/dev/null"}
 		}
 		selfOOM, selfOOMok := ownOOMKills()
@@ -436,7 +436,7 @@ func tail(s string, n int) string {
 func TestCapsTimeoutBoundsLeftoverOutput(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T, rt string) {
 		p := newProvider(t, rt)
-		sess := p.session(t, spec(containersuite.Busybox, sandbox.NetworkNone))
+		sess := p.session(t, spec(containertest.Busybox, sandbox.NetworkNone))
 		const timeout = 2 * time.Second
 		var wg sync.WaitGroup
 		for _, script := range []string{

@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/containersuite"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 // diskMB is the small cap the disk tests run with.
@@ -26,10 +26,10 @@ const diskMB = 48
 // and inodes inodes (0: the default ratio), closed at the end of t.
 func newDiskProvider(t testing.TB, rt string, mb, inodes int) *testProvider {
 	t.Helper()
-	opts := containersuite.Options(t, rt, permissive)
+	opts := containertest.Options(t, rt, permissive)
 	opts.ReapInterval = -1
 	opts.DiskMB, opts.DiskInodes = mb, inodes
-	return &testProvider{sb: containersuite.New(t, opts), opts: opts, rt: rt}
+	return &testProvider{sb: containertest.New(t, opts), opts: opts, rt: rt}
 }
 
 // loopsUnder lists the loop devices whose backing file is under dir.
@@ -87,7 +87,7 @@ func TestDiskCapEphemeral(t *testing.T) {
 		if err := unix.Statfs(p.root(), &before); err != nil {
 			t.Fatal(err)
 		}
-		sess := p.session(t, spec(containersuite.Busybox, sandbox.NetworkNone))
+		sess := p.session(t, spec(containertest.Busybox, sandbox.NetworkNone))
 		for _, path := range []string{"/", "/tmp", "/workspace"} {
 			size := dfSize(t, sess, path)
 			if size > diskMB<<10 || size < diskMB<<10*8/10 {
@@ -145,12 +145,12 @@ func (p *testProvider) closeWait(t testing.TB) {
 // creates and destroys go on.
 func TestDiskCapInodes(t *testing.T) {
 	p := newDiskProvider(t, "crun", diskMB, 2048)
-	sess := p.session(t, spec(containersuite.Busybox, sandbox.NetworkNone))
+	sess := p.session(t, spec(containertest.Busybox, sandbox.NetworkNone))
 	other := newDiskProvider(t, "crun", diskMB, 0)
 	var wg sync.WaitGroup
 	errs := make(chan string, 100)
 	wg.Go(func() {
-		sp := spec(containersuite.Busybox, sandbox.NetworkNone)
+		sp := spec(containertest.Busybox, sandbox.NetworkNone)
 		sp.Durability, sp.WorkspaceKey = sandbox.Persistent, "busy"
 		for i := range 4 {
 			s, err := other.sb.CreateSession(ctxFor(t), sp)
@@ -193,16 +193,16 @@ func TestDiskRecover(t *testing.T) {
 		opts := recoverOptions(t, rt, container.UserNamespaceAuto)
 		opts.DiskMB = diskMB
 		sbA, ledger, crash := crashable(t, opts)
-		sp := spec(containersuite.Busybox, sandbox.NetworkNone)
+		sp := spec(containertest.Busybox, sandbox.NetworkNone)
 		sp.Durability, sp.WorkspaceKey = sandbox.Persistent, "disk-"+randomToken(6)
 		kept := []*crashSession{
-			{name: "ephemeral", spec: spec(containersuite.Busybox, sandbox.NetworkNone)},
+			{name: "ephemeral", spec: spec(containertest.Busybox, sandbox.NetworkNone)},
 			{name: "persistent", spec: sp},
 		}
 		for _, s := range kept {
 			makeCrashSession(t, sbA, s)
 		}
-		gone := &crashSession{name: "dropped", spec: spec(containersuite.Busybox, sandbox.NetworkNone)}
+		gone := &crashSession{name: "dropped", spec: spec(containertest.Busybox, sandbox.NetworkNone)}
 		makeCrashSession(t, sbA, gone)
 		crash()
 		if err := ledger.Delete(ctxFor(t), gone.id); err != nil {
@@ -275,7 +275,7 @@ func TestDiskRecover(t *testing.T) {
 			t.Errorf("mounts left after Close: %v %v", m, err)
 		}
 		opts.Ledger = nil
-		again := &testProvider{sb: containersuite.New(t, opts), opts: opts, rt: rt}
+		again := &testProvider{sb: containertest.New(t, opts), opts: opts, rt: rt}
 		sess := again.session(t, sp)
 		if out := strings.TrimSpace(mustSh(t, sess, `cat /workspace/hello; ls -A /workspace`)); out != kept[1].token+"hello" {
 			t.Errorf("the persistent workspace in a later session: %q", out)
@@ -291,7 +291,7 @@ func TestDiskRecover(t *testing.T) {
 func TestDiskPersistent(t *testing.T) {
 	p := newDiskProvider(t, "crun", diskMB, 0)
 	key := "pers-" + randomToken(6)
-	sp := spec(containersuite.Busybox, sandbox.NetworkNone)
+	sp := spec(containertest.Busybox, sandbox.NetworkNone)
 	sp.Durability, sp.WorkspaceKey = sandbox.Persistent, key
 	sess := p.session(t, sp)
 	if size := dfSize(t, sess, "/workspace"); size > diskMB<<10 || size < diskMB<<10*7/10 {
@@ -347,7 +347,7 @@ func TestDiskPersistent(t *testing.T) {
 // create, naming the cap, and leaves no mount, loop device or image.
 func TestDiskTooSmall(t *testing.T) {
 	p := newDiskProvider(t, "crun", 1, 16)
-	_, err := p.sb.CreateSession(ctxFor(t), spec(containersuite.Busybox, sandbox.NetworkNone))
+	_, err := p.sb.CreateSession(ctxFor(t), spec(containertest.Busybox, sandbox.NetworkNone))
 	if err == nil || !strings.Contains(err.Error(), "cap") {
 		t.Fatalf("a create with a 1 MiB, 16 inode disk: %v; want an error naming the cap", err)
 	}
@@ -367,11 +367,11 @@ func TestDiskTooSmall(t *testing.T) {
 // TestDiskReserve: a create is refused when the state directory's
 // filesystem has less free than the reserve, naming both.
 func TestDiskReserve(t *testing.T) {
-	opts := containersuite.Options(t, "crun", permissive)
+	opts := containertest.Options(t, "crun", permissive)
 	opts.ReapInterval = -1
 	opts.DiskMB, opts.DiskReserveMB = diskMB, 1<<30 // 1 PiB: more than any disk here
-	sb := containersuite.New(t, opts)
-	_, err := sb.CreateSession(ctxFor(t), spec(containersuite.Busybox, sandbox.NetworkNone))
+	sb := containertest.New(t, opts)
+	_, err := sb.CreateSession(ctxFor(t), spec(containertest.Busybox, sandbox.NetworkNone))
 	var se *sandbox.SandboxError
 	if !errors.As(err, &se) || !strings.Contains(err.Error(), "MiB free, less than the disk reserve of 1073741824 MiB") {
 		t.Fatalf("a create under the reserve: %v; want a SandboxError naming the free space and the reserve", err)

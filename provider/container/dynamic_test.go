@@ -15,8 +15,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/containersuite"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/container/containertest"
 	"github.com/tai42/sandbox/sandboxtest"
 )
 
@@ -28,7 +28,7 @@ import (
 // and load the image's libraries, files go in and out, and the destroy
 // leaves nothing.
 func TestDynamicAgent(t *testing.T) {
-	agent := containersuite.DynamicAgent(t)
+	agent := containertest.DynamicAgent(t)
 	forEachRuntime(t, func(t *testing.T, rt string) {
 		for _, mode := range userNSModes {
 			t.Run("userns-"+string(mode), func(t *testing.T) {
@@ -209,10 +209,10 @@ func elfDeps(t *testing.T, name string) (string, []string) {
 // provider abandoned as SIGKILL leaves it): same session, its process left
 // running still there, and new execs run through the same agent.
 func TestDynamicAgentRecover(t *testing.T) {
-	agent := containersuite.DynamicAgent(t)
+	agent := containertest.DynamicAgent(t)
 	forEachRuntime(t, func(t *testing.T, rt string) {
-		sb, restart := containersuite.RestartableAgent(rt, agent)(t, sandboxtest.Config{Policy: permissive, ReapInterval: time.Hour})
-		sess, err := sb.CreateSession(ctxFor(t), spec(containersuite.Busybox, sandbox.NetworkNone))
+		sb, restart := containertest.RestartableAgent(rt, agent)(t, sandboxtest.Config{Policy: permissive, ReapInterval: time.Hour})
+		sess, err := sb.CreateSession(ctxFor(t), spec(containertest.Busybox, sandbox.NetworkNone))
 		if err != nil {
 			t.Fatalf("CreateSession: %v", err)
 		}

@@ -10,11 +10,11 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/containersuite"
 	"github.com/tai42/sandbox/internal/sessnet"
 	"github.com/tai42/sandbox/internal/sessnet/sessnettest"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 // The names the test DNS server knows.
@@ -153,7 +153,7 @@ func checkDomainFilter(t *testing.T, e *egressSetup, sb *kit.Sandbox, sess sandb
 func TestEgressDomains(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T, rt string) {
 		e := newEgressSetup(t, rt, []string{allowedName})
-		sb := containersuite.New(t, e.opts)
+		sb := containertest.New(t, e.opts)
 		for _, image := range images {
 			t.Run(imageName(image), func(t *testing.T) {
 				sess := (&testProvider{sb: sb, opts: e.opts, rt: rt}).session(t, spec(image, sandbox.NetworkEgress))
@@ -169,10 +169,10 @@ func TestEgressDomains(t *testing.T) {
 // the new provider's resolver listens on a new port, and the table it
 // reinstalls redirects the gateway's port 53 there.
 func TestEgressRecover(t *testing.T) {
-	containersuite.Require(t)
+	containertest.Require(t)
 	e := newEgressSetup(t, "runc", []string{allowedName})
 	sbA, ledger, crash := crashable(t, e.opts)
-	sess, err := sbA.CreateSession(ctxFor(t), spec(containersuite.Busybox, sandbox.NetworkEgress))
+	sess, err := sbA.CreateSession(ctxFor(t), spec(containertest.Busybox, sandbox.NetworkEgress))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,10 +213,10 @@ func TestEgressRecover(t *testing.T) {
 // refused, the allowed name reachable) and off again; a malformed change
 // is refused and changes nothing.
 func TestEgressSetFences(t *testing.T) {
-	containersuite.Require(t)
+	containertest.Require(t)
 	e := newEgressSetup(t, "crun", nil)
-	sb := containersuite.New(t, e.opts)
-	sess := (&testProvider{sb: sb, opts: e.opts, rt: "crun"}).session(t, spec(containersuite.Busybox, sandbox.NetworkEgress))
+	sb := containertest.New(t, e.opts)
+	sess := (&testProvider{sb: sb, opts: e.opts, rt: "crun"}).session(t, spec(containertest.Busybox, sandbox.NetworkEgress))
 	installProbe(t, sess)
 	private := e.up.Hosts[sessnettest.Private10]
 	host := func(h sessnettest.Host) []netip.Prefix { return []netip.Prefix{netip.PrefixFrom(h.Addr, 32)} }

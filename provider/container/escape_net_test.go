@@ -13,8 +13,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/containersuite"
 	"github.com/tai42/sandbox/internal/sessnet/sessnettest"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 // refuseWithin is how fast a refused TCP connection must fail, measured
@@ -104,7 +104,7 @@ var publicHosts = []string{sessnettest.Public, sessnettest.Public2}
 // socket, no ICMP datagram socket); the ICMP checks send from its network
 // namespace, through the same fences.
 func TestEscapeNetwork(t *testing.T) {
-	containersuite.Require(t)
+	containertest.Require(t)
 	up := newUpstream(t)
 	// The subtests share the upstream: what arrived there is checked
 	// after all of them.
@@ -143,7 +143,7 @@ func TestEscapeNetwork(t *testing.T) {
 			if kind == routed {
 				tier = sandbox.NetworkInternal
 			}
-			sessions = append(sessions, session{kind, p.session(t, spec(containersuite.Busybox, tier))})
+			sessions = append(sessions, session{kind, p.session(t, spec(containertest.Busybox, tier))})
 		}
 		for _, image := range images {
 			sessions = append(sessions, session{"egress, " + imageName(image), p.session(t, spec(image, sandbox.NetworkEgress))})
@@ -280,7 +280,7 @@ func (s *udpSink) arrived() []string {
 // source address not its own (IP_FREEBIND sends nothing beyond the host;
 // IP_TRANSPARENT is refused).
 func TestEscapeFences(t *testing.T) {
-	containersuite.Require(t)
+	containertest.Require(t)
 	up := newUpstream(t)
 	forEachSetup(t, func(t *testing.T, p *testProvider, image string) {
 		sess := p.session(t, spec(image, sandbox.NetworkEgress))

@@ -23,9 +23,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/containersuite"
-	"github.com/tai42/sandbox/internal/escapeprobe/build"
+	"github.com/tai42/sandbox/internal/escapeprobe/escapeprobetest"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 // TestEscapeReadHostFiles: neither a process in the session nor GetFile
@@ -82,7 +82,7 @@ func TestEscapeReadHostFiles(t *testing.T) {
 			filepath.Join(bundle, "config.json"),
 			filepath.Join(bundle, "log"),
 			p.opts.StateDir,
-			containersuite.Agent(t),
+			containertest.Agent(t),
 		} {
 			if r := probe(t, sess, "read", path); r.OK {
 				t.Errorf("the session read the provider's file %s: %.200q", path, r.Detail)
@@ -389,7 +389,7 @@ func TestEscapeSyscalls(t *testing.T) {
 // and TestDiskPersistent's.
 func TestEscapeDisk(t *testing.T) {
 	forEachRuntimeMode(t, func(t *testing.T, p *testProvider) {
-		sp := spec(containersuite.Busybox, sandbox.NetworkNone)
+		sp := spec(containertest.Busybox, sandbox.NetworkNone)
 		sp.Durability, sp.WorkspaceKey = sandbox.Persistent, "esc-"+randomToken(6)
 		sess := p.session(t, sp)
 		installProbe(t, sess)
@@ -437,7 +437,7 @@ func TestEscapeDisk(t *testing.T) {
 		} else {
 			t.Log("this process lacks CAP_SYS_RESOURCE: no control of EXT4_IOC_RESIZE_FS on the host")
 		}
-		probeBin := build.Build(t)
+		probeBin := escapeprobetest.Build(t)
 		for _, dir := range []string{p.view(filepath.Dir(upper)), p.view(ws)} {
 			out, err := exec.Command(probeBin, "fsadmin", dir).Output()
 			if err != nil {
@@ -552,7 +552,7 @@ func TestEscapeSymlinks(t *testing.T) {
 // show another key's. (The workspace is a bind mount whatever the image.)
 func TestEscapeWorkspaces(t *testing.T) {
 	forEachRuntimeMode(t, func(t *testing.T, p *testProvider) {
-		image := containersuite.Busybox
+		image := containertest.Busybox
 		for _, durability := range []sandbox.Durability{sandbox.Ephemeral, sandbox.Persistent} {
 			t.Run(string(durability), func(t *testing.T) {
 				mk := func() sandbox.Session {

@@ -30,11 +30,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/containersuite"
-	"github.com/tai42/sandbox/internal/escapeprobe/build"
+	"github.com/tai42/sandbox/internal/escapeprobe/escapeprobetest"
 	"github.com/tai42/sandbox/internal/sessnet/sessnettest"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 // permissive lets every network tier and persistence through the kit.
@@ -43,7 +43,7 @@ var permissive = sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbo
 // runtimes and images are what each test runs on.
 var (
 	runtimes = []string{"runc", "crun"}
-	images   = []string{container.HostImage, containersuite.Busybox}
+	images   = []string{container.HostImage, containertest.Busybox}
 )
 
 // callTimeout bounds one provider call of a test.
@@ -56,10 +56,10 @@ const execTimeout = 30 * time.Second
 // that is not installed.
 func forEachRuntime(t *testing.T, fn func(t *testing.T, rt string)) {
 	t.Helper()
-	containersuite.Require(t)
+	containertest.Require(t)
 	for _, rt := range runtimes {
 		t.Run(rt, func(t *testing.T) {
-			if !containersuite.HasRuntime(rt) {
+			if !containertest.HasRuntime(rt) {
 				t.Skipf("%s is not installed (apt-get install -y %s)", rt, rt)
 			}
 			fn(t, rt)
@@ -111,7 +111,7 @@ func forEachSetup(t *testing.T, fn func(t *testing.T, p *testProvider, image str
 
 // imageName is image as a subtest name.
 func imageName(image string) string {
-	if image == containersuite.Busybox {
+	if image == containertest.Busybox {
 		return "busybox"
 	}
 	return image
@@ -129,9 +129,9 @@ type testProvider struct {
 // directory, closed at the end of t.
 func newProvider(t testing.TB, rt string) *testProvider {
 	t.Helper()
-	opts := containersuite.Options(t, rt, permissive)
+	opts := containertest.Options(t, rt, permissive)
 	opts.ReapInterval = -1 // the tests destroy what they make
-	return &testProvider{sb: containersuite.New(t, opts), opts: opts, rt: rt}
+	return &testProvider{sb: containertest.New(t, opts), opts: opts, rt: rt}
 }
 
 // newProviderMode makes a provider on runtime rt in user namespace mode
@@ -139,7 +139,7 @@ func newProvider(t testing.TB, rt string) *testProvider {
 // when mode is on and the host cannot remap.
 func newProviderMode(t testing.TB, rt string, mode container.UserNamespaceMode, set ...func(*container.Options)) *testProvider {
 	t.Helper()
-	opts := containersuite.Options(t, rt, permissive)
+	opts := containertest.Options(t, rt, permissive)
 	opts.ReapInterval = -1
 	opts.UserNamespace = mode
 	for _, f := range set {
@@ -382,7 +382,7 @@ var probeBytes struct {
 // executable.
 func installProbe(t testing.TB, sess sandbox.Session) {
 	t.Helper()
-	path := build.Build(t)
+	path := escapeprobetest.Build(t)
 	probeBytes.once.Do(func() { probeBytes.b, probeBytes.err = os.ReadFile(path) })
 	if probeBytes.err != nil {
 		t.Fatalf("reading the escape probe: %v", probeBytes.err)
@@ -619,7 +619,7 @@ func openFDs(t testing.TB) int {
 // from its bridges (<prefix>-int, <prefix>-egr); "" while it has none.
 func netPrefix(t testing.TB) string {
 	t.Helper()
-	left, err := containersuite.Network(t).Leftovers()
+	left, err := containertest.Network(t).Leftovers()
 	if err != nil {
 		t.Fatalf("the network manager's leftovers: %v", err)
 	}
@@ -680,7 +680,7 @@ func listenHost(t testing.TB, addr netip.Addr) *sessnettest.Server {
 // subnets of providers with a network manager of their own.
 func newUpstream(t testing.TB, extra ...netip.Prefix) *sessnettest.Upstream {
 	t.Helper()
-	u := sessnettest.NewUpstream(t, "tz"+randomToken(4), containersuite.EgressSubnet(t))
+	u := sessnettest.NewUpstream(t, "tz"+randomToken(4), containertest.EgressSubnet(t))
 	for _, p := range extra {
 		u.RouteFrom(t, p)
 	}

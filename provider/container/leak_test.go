@@ -29,8 +29,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/containersuite"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 // leakCycles is how many sessions TestLeakCycles makes per runtime in
@@ -124,7 +124,7 @@ func TestLeakClose(t *testing.T) {
 				t.Errorf("session %s: %v", ids[i], err)
 			}
 		}
-		if _, err := p.sb.CreateSession(ctxFor(t), spec(containersuite.Busybox, sandbox.NetworkNone)); err == nil {
+		if _, err := p.sb.CreateSession(ctxFor(t), spec(containertest.Busybox, sandbox.NetworkNone)); err == nil {
 			t.Error("CreateSession succeeded after Close")
 		}
 		checkNoLeaks(t, p, ids, base, false)
@@ -137,7 +137,7 @@ func TestLeakClose(t *testing.T) {
 func warmUp(t *testing.T, p *testProvider) {
 	t.Helper()
 	for _, tier := range []sandbox.Network{sandbox.NetworkInternal, sandbox.NetworkEgress} {
-		sess, err := p.sb.CreateSession(ctxFor(t), spec(containersuite.Busybox, tier))
+		sess, err := p.sb.CreateSession(ctxFor(t), spec(containertest.Busybox, tier))
 		if err != nil {
 			t.Fatalf("warm-up session: %v", err)
 		}
@@ -338,7 +338,7 @@ func checkNoLeaks(t *testing.T, p *testProvider, ids []string, base baseline, op
 		pool = poolDisks(t, p.sb)
 	}
 	// Processes: none running the agent binary, none in a session's cgroup.
-	agentStat, err := os.Stat(containersuite.Agent(t))
+	agentStat, err := os.Stat(containertest.Agent(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +437,7 @@ func checkNoLeaks(t *testing.T, p *testProvider, ids []string, base baseline, op
 	}
 
 	// Network: namespace files and mounts, veths, the table's rules.
-	left, err := containersuite.Network(t).Leftovers()
+	left, err := containertest.Network(t).Leftovers()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -802,7 +802,7 @@ func socketKind(fd string) string {
 func TestLeakExecConnections(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T, rt string) {
 		p := newProvider(t, rt)
-		sess := p.session(t, spec(containersuite.Busybox, sandbox.NetworkNone))
+		sess := p.session(t, spec(containertest.Busybox, sandbox.NetworkNone))
 		run(t, sess, "true")
 		defer debug.SetGCPercent(debug.SetGCPercent(-1))
 		before := fdTargets(t)
@@ -879,8 +879,8 @@ func TestLeakExecConnections(t *testing.T) {
 // crun (on a host with hybrid cgroups) goes with its Close: no thread of
 // this process stays in it, the main thread included.
 func TestLeakCrunMountNamespace(t *testing.T) {
-	containersuite.Require(t)
-	if !containersuite.HasRuntime("crun") {
+	containertest.Require(t)
+	if !containertest.HasRuntime("crun") {
 		t.Skip("crun is not installed (apt-get install -y crun)")
 	}
 	if !hybridCgroups() {
@@ -896,14 +896,14 @@ func TestLeakCrunMountNamespace(t *testing.T) {
 		return slices.ContainsFunc(before, func(b mountNSThread) bool { return b.tid == th.tid && b.ns == th.ns })
 	}
 	for i := range 20 {
-		opts := containersuite.Options(t, "crun", permissive)
+		opts := containertest.Options(t, "crun", permissive)
 		opts.ReapInterval = -1
 		sb, err := container.New(opts)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if i == 0 {
-			sess, err := sb.CreateSession(ctxFor(t), spec(containersuite.Busybox, sandbox.NetworkNone))
+			sess, err := sb.CreateSession(ctxFor(t), spec(containertest.Busybox, sandbox.NetworkNone))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/containersuite"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 // TestDestroyDuringPersistentPut: a session destroyed while a put_file
@@ -19,7 +19,7 @@ import (
 // remove it; the provider does).
 func TestDestroyDuringPersistentPut(t *testing.T) {
 	p := newProvider(t, "runc")
-	sp := spec(containersuite.Busybox, sandbox.NetworkNone)
+	sp := spec(containertest.Busybox, sandbox.NetworkNone)
 	sp.Durability, sp.WorkspaceKey = sandbox.Persistent, "put-during-destroy"
 	sess, err := p.sb.CreateSession(ctxFor(t), sp)
 	if err != nil {

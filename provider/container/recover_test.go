@@ -28,9 +28,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/containersuite"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 // recoverSeq numbers the providers' networks of this process's recovery
@@ -43,10 +43,10 @@ var recoverSeq atomic.Int32
 // subnets of its own, and a fresh state directory.
 func recoverOptions(t *testing.T, rt string, mode container.UserNamespaceMode) container.Options {
 	t.Helper()
-	if !containersuite.HasRuntime(rt) {
+	if !containertest.HasRuntime(rt) {
 		t.Skipf("%s is not installed (apt-get install -y %s)", rt, rt)
 	}
-	opts := containersuite.Options(t, rt, permissive)
+	opts := containertest.Options(t, rt, permissive)
 	n := int(recoverSeq.Add(1))
 	opts.Network = nil
 	opts.NetPrefix = fmt.Sprintf("r%04x%d", os.Getpid()&0xffff, n%10)
@@ -418,7 +418,7 @@ func checkProcessBack(t *testing.T, base recoverBaseline) {
 // provider leaves nothing. On runc with a user namespace and on crun
 // without (crun's mounts die with the crashed process's mount namespace).
 func TestRecover(t *testing.T) {
-	containersuite.Require(t)
+	containertest.Require(t)
 	for _, c := range []struct {
 		rt   string
 		mode container.UserNamespaceMode
@@ -436,7 +436,7 @@ func testRecover(t *testing.T, rt string, mode container.UserNamespaceMode) {
 		sp.Durability, sp.WorkspaceKey = sandbox.Persistent, "recover-"+randomToken(6)
 		return sp
 	}
-	bb := containersuite.Busybox
+	bb := containertest.Busybox
 	sessions := []*crashSession{
 		{name: "internal, ephemeral, kept", spec: spec(bb, sandbox.NetworkInternal), keep: true},
 		{name: "internal, persistent, kept", spec: persistent(spec(bb, sandbox.NetworkInternal)), keep: true},
@@ -665,13 +665,13 @@ func testRecover(t *testing.T, rt string, mode container.UserNamespaceMode) {
 // namespace and under /run/tai42/roots, cgroups, networks, bundles; a
 // persistent workspace stays.
 func TestRecoverSweepsAll(t *testing.T) {
-	containersuite.Require(t)
+	containertest.Require(t)
 	opts := recoverOptions(t, "crun", container.UserNamespaceOn)
 	sbA, _, crash := crashable(t, opts)
-	sp := spec(containersuite.Busybox, sandbox.NetworkEgress)
+	sp := spec(containertest.Busybox, sandbox.NetworkEgress)
 	sp.Durability, sp.WorkspaceKey = sandbox.Persistent, "sweep-"+randomToken(6)
 	sessions := []*crashSession{
-		{name: "internal", spec: spec(containersuite.Busybox, sandbox.NetworkInternal)},
+		{name: "internal", spec: spec(containertest.Busybox, sandbox.NetworkInternal)},
 		{name: "egress, persistent", spec: sp},
 		{name: "none, host image", spec: spec(container.HostImage, sandbox.NetworkNone)},
 	}
@@ -714,15 +714,15 @@ func TestRecoverSweepsAll(t *testing.T) {
 // TestRecoverRefuses: what Recover cannot bring back it reports, saying
 // why; it runs once; a create before it fails.
 func TestRecoverRefuses(t *testing.T) {
-	containersuite.Require(t)
-	opts := containersuite.Options(t, "runc", permissive) // a shared network manager
+	containertest.Require(t)
+	opts := containertest.Options(t, "runc", permissive) // a shared network manager
 	opts.UserNamespace = container.UserNamespaceOff
 	p, err := container.NewBare(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	sp := spec(containersuite.Busybox, sandbox.NetworkNone)
+	sp := spec(containertest.Busybox, sandbox.NetworkNone)
 	sp.Isolation = sandbox.IsolationContainer
 	if res, err := p.Create(ctxFor(t), kit.CreateRequest{ID: "before-recover", Spec: sp}); err == nil || !strings.Contains(err.Error(), "Recover") {
 		t.Errorf("Create before Recover: %v, want an error saying so", err)
@@ -783,7 +783,7 @@ func TestRecoverRefuses(t *testing.T) {
 func TestRecoverRuntimeMissing(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T, rt string) {
 		p := newProvider(t, rt)
-		sess, err := p.sb.CreateSession(ctxFor(t), spec(containersuite.Busybox, sandbox.NetworkNone))
+		sess, err := p.sb.CreateSession(ctxFor(t), spec(containertest.Busybox, sandbox.NetworkNone))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -804,13 +804,13 @@ func TestRecoverRuntimeMissing(t *testing.T) {
 // the kit: the kit hands Recover the ledger's sessions, with the handles
 // Create gave, and serves the recovered ones under their ids.
 func TestRecoverThroughKit(t *testing.T) {
-	containersuite.Require(t)
+	containertest.Require(t)
 	opts := recoverOptions(t, "runc", container.UserNamespaceOff)
 	sbA, ledger, crash := crashable(t, opts)
-	sp := spec(containersuite.Busybox, sandbox.NetworkNone)
+	sp := spec(containertest.Busybox, sandbox.NetworkNone)
 	sp.Durability, sp.WorkspaceKey = sandbox.Persistent, "kit-"+randomToken(6)
 	sessions := []*crashSession{
-		{name: "internal", spec: spec(containersuite.Busybox, sandbox.NetworkInternal)},
+		{name: "internal", spec: spec(containertest.Busybox, sandbox.NetworkInternal)},
 		{name: "none, persistent", spec: sp},
 	}
 	for _, s := range sessions {

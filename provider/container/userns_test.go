@@ -23,10 +23,10 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/containersuite"
 	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 // unsPolicy lets persistence through the kit.
@@ -38,7 +38,7 @@ const unsTimeout = 60 * time.Second
 // unsRuntimes and unsImages are what the tests run on.
 var (
 	unsRuntimes = []string{"runc", "crun"}
-	unsImages   = []string{container.HostImage, containersuite.Busybox}
+	unsImages   = []string{container.HostImage, containertest.Busybox}
 )
 
 // unsBase is the host id of root in a remapped session.
@@ -47,7 +47,7 @@ const unsBase = container.UserNamespaceBase
 // unsOptions are a provider's options on runtime rt in mode, with a fresh
 // state directory.
 func unsOptions(t testing.TB, rt string, mode container.UserNamespaceMode) container.Options {
-	opts := containersuite.Options(t, rt, unsPolicy)
+	opts := containertest.Options(t, rt, unsPolicy)
 	opts.ReapInterval = -1 // the tests destroy what they make
 	opts.UserNamespace = mode
 	return opts
@@ -56,10 +56,10 @@ func unsOptions(t testing.TB, rt string, mode container.UserNamespaceMode) conta
 // unsEachRuntime runs fn per installed runtime.
 func unsEachRuntime(t *testing.T, fn func(t *testing.T, rt string)) {
 	t.Helper()
-	containersuite.Require(t)
+	containertest.Require(t)
 	for _, rt := range unsRuntimes {
 		t.Run(rt, func(t *testing.T) {
-			if !containersuite.HasRuntime(rt) {
+			if !containertest.HasRuntime(rt) {
 				t.Skipf("%s is not installed (apt-get install -y %s)", rt, rt)
 			}
 			fn(t, rt)
@@ -72,7 +72,7 @@ func unsEachRuntime(t *testing.T, fn func(t *testing.T, rt string)) {
 // namespaces disabled. Anywhere else a provider in mode on must start.
 func unsRequireRemap(t testing.TB) {
 	t.Helper()
-	containersuite.Require(t)
+	containertest.Require(t)
 	var u syscall.Utsname
 	if err := syscall.Uname(&u); err != nil {
 		t.Fatal(err)
@@ -101,7 +101,7 @@ func unsRemapped(t *testing.T, rt string) (*kit.Sandbox, container.Options) {
 	t.Helper()
 	unsRequireRemap(t)
 	opts := unsOptions(t, rt, container.UserNamespaceOn)
-	sb := containersuite.New(t, opts)
+	sb := containertest.New(t, opts)
 	if !container.RemapsUsers(sb) {
 		t.Fatal("a provider made with UserNamespace on does not remap")
 	}
@@ -271,11 +271,11 @@ func TestUserNamespaceHostFiles(t *testing.T) {
 					unsRequireRemap(t)
 				}
 				opts := unsOptions(t, rt, mode)
-				sb := containersuite.New(t, opts)
+				sb := containertest.New(t, opts)
 				if got, want := container.RemapsUsers(sb), mode == container.UserNamespaceOn; got != want {
 					t.Fatalf("RemapsUsers = %v, want %v", got, want)
 				}
-				sess := unsSession(t, sb, unsSpec(containersuite.Busybox, ""))
+				sess := unsSession(t, sb, unsSpec(containertest.Busybox, ""))
 				_, ws := sessionDirs(t, sb, sess.ID())
 				secret := "tai42-secret-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 				for name, perm := range map[string]os.FileMode{"secret": 0o600, "public": 0o644} {
@@ -333,13 +333,13 @@ func TestUserNamespaceHostFiles(t *testing.T) {
 // session's uid_map is the identity, its files are host root's), an
 // unknown mode is refused at New, and "" is the documented default.
 func TestUserNamespaceModes(t *testing.T) {
-	containersuite.Require(t)
+	containertest.Require(t)
 	opts := unsOptions(t, "runc", container.UserNamespaceOff)
-	sb := containersuite.New(t, opts)
+	sb := containertest.New(t, opts)
 	if container.RemapsUsers(sb) {
 		t.Error("RemapsUsers of a provider in mode off is true")
 	}
-	sess := unsSession(t, sb, unsSpec(containersuite.Busybox, ""))
+	sess := unsSession(t, sb, unsSpec(containertest.Busybox, ""))
 	if got := strings.Join(strings.Fields(unsMustSh(t, sess, "cat /proc/self/uid_map")), " "); got != "0 0 4294967295" {
 		t.Errorf("uid_map in an unremapped session: %q, want the identity", got)
 	}
@@ -359,8 +359,8 @@ func TestUserNamespaceModes(t *testing.T) {
 	if container.DefaultUserNamespace != container.UserNamespaceAuto {
 		t.Errorf("DefaultUserNamespace is %q, want %q", container.DefaultUserNamespace, container.UserNamespaceAuto)
 	}
-	def := containersuite.New(t, unsOptions(t, "runc", ""))
-	auto := containersuite.New(t, unsOptions(t, "runc", container.UserNamespaceAuto))
+	def := containertest.New(t, unsOptions(t, "runc", ""))
+	auto := containertest.New(t, unsOptions(t, "runc", container.UserNamespaceAuto))
 	if got, want := container.RemapsUsers(def), container.RemapsUsers(auto); got != want {
 		t.Errorf("RemapsUsers of a provider with the default mode = %v, of one in mode auto %v", got, want)
 	}
@@ -389,7 +389,7 @@ func TestUserNamespacePersistentSwitch(t *testing.T) {
 					t.Errorf("closing the provider: %v", err)
 				}
 			}()
-			sess, err := sb.CreateSession(unsCtx(t), unsSpec(containersuite.Busybox, key))
+			sess, err := sb.CreateSession(unsCtx(t), unsSpec(containertest.Busybox, key))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -481,7 +481,7 @@ func TestUserNamespaceNoLeaks(t *testing.T) {
 // runs without remapping and logs why once, and mode on fails New saying
 // why; sessions of the auto provider work.
 func TestUserNamespaceFallback(t *testing.T) {
-	containersuite.Require(t)
+	containertest.Require(t)
 	images := t.TempDir()
 	if err := syscall.Mount("ramfs", images, "ramfs", 0, "mode=0700"); err != nil {
 		t.Fatalf("mounting a ramfs for the image store: %v", err)
@@ -505,7 +505,7 @@ func TestUserNamespaceFallback(t *testing.T) {
 	auto.Images = images
 	var logs syncBuffer
 	auto.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	sb := containersuite.New(t, auto)
+	sb := containertest.New(t, auto)
 	if container.RemapsUsers(sb) {
 		t.Fatal("a provider in mode auto remaps with an image store that refuses idmapped mounts")
 	}
@@ -549,9 +549,9 @@ func (s *syncBuffer) String() string {
 // crun's are in the runtime's own mount namespace, which dies with the
 // process that held it.
 func TestUserNamespaceSweep(t *testing.T) {
-	containersuite.Require(t)
+	containertest.Require(t)
 	first, opts := unsRemapped(t, "runc")
-	sess, err := first.CreateSession(unsCtx(t), unsSpec(containersuite.Busybox, ""))
+	sess, err := first.CreateSession(unsCtx(t), unsSpec(containertest.Busybox, ""))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -562,7 +562,7 @@ func TestUserNamespaceSweep(t *testing.T) {
 	// As the first process's death would: its locks go, so the second
 	// takes its sessions for a dead process's.
 	container.Crash(first)
-	second := containersuite.New(t, opts)
+	second := containertest.New(t, opts)
 	if !container.RemapsUsers(second) {
 		t.Fatal("the second provider does not remap")
 	}
@@ -587,7 +587,7 @@ func TestUserNamespaceKeyQuota(t *testing.T) {
 		const n = 5
 		before := unsKeys(t, unsBase)
 		for range n {
-			sess := unsSession(t, sb, unsSpec(containersuite.Busybox, ""))
+			sess := unsSession(t, sb, unsSpec(containertest.Busybox, ""))
 			unsMustSh(t, sess, "true")
 		}
 		// n live sessions; a concurrent process's sessions could only
@@ -628,7 +628,7 @@ func TestUserNamespaceClose(t *testing.T) {
 	if n := unsUserNSFDs(t); n != before+1 {
 		t.Errorf("an open remapping provider holds %d user namespace descriptors more than before it, want 1", n-before)
 	}
-	sess := unsSession(t, sb, unsSpec(containersuite.Busybox, ""))
+	sess := unsSession(t, sb, unsSpec(containertest.Busybox, ""))
 	unsMustSh(t, sess, "true")
 	if err := sb.Close(unsCtx(t)); err != nil {
 		t.Fatal(err)
@@ -712,18 +712,18 @@ func BenchmarkUserNamespaceCreateExec(b *testing.B) {
 	unsRequireRemap(b)
 	for _, rt := range unsRuntimes {
 		b.Run(rt, func(b *testing.B) {
-			if !containersuite.HasRuntime(rt) {
+			if !containertest.HasRuntime(rt) {
 				b.Skipf("%s is not installed", rt)
 			}
 			modes := []container.UserNamespaceMode{container.UserNamespaceOff, container.UserNamespaceOn}
 			sbs := make(map[container.UserNamespaceMode]*kit.Sandbox)
 			for _, mode := range modes {
-				sbs[mode] = containersuite.New(b, unsOptions(b, rt, mode))
+				sbs[mode] = containertest.New(b, unsOptions(b, rt, mode))
 			}
 			times := make(map[container.UserNamespaceMode][]time.Duration)
 			one := func(mode container.UserNamespaceMode) {
 				start := time.Now()
-				sess, err := sbs[mode].CreateSession(unsCtx(b), unsSpec(containersuite.Busybox, ""))
+				sess, err := sbs[mode].CreateSession(unsCtx(b), unsSpec(containertest.Busybox, ""))
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -4,7 +4,7 @@
 # `docker save` tarball for `tai42 image import`, and prints its path.
 #
 # mmdebstrap makes the root filesystem from this machine's apt sources;
-# internal/testimage/cmd/mkrootfsimage turns it into an image. The result
+# internal/imagestore/imagestoretest/cmd/mkrootfsimage turns it into an image. The result
 # is cached in CACHE_DIR under a key of the suite, the package list, this
 # script, the image command and the apt sources: a second run with the same
 # inputs prints the cached file at once.
@@ -28,7 +28,7 @@ done
 
 key=$( {
   printf '%s\n' "$suite" "$packages"
-  cat "$0" "$repo/internal/testimage/rootfs.go" "$repo/internal/testimage/cmd/mkrootfsimage/main.go"
+  cat "$0" "$repo/internal/imagestore/imagestoretest/rootfs.go" "$repo/internal/imagestore/imagestoretest/cmd/mkrootfsimage/main.go"
   if [ -n "$sources" ]; then cat "$sources"; fi
 } | sha256sum | cut -c1-16)
 out=$cache/debian-tools-$key.tar
@@ -51,7 +51,7 @@ mmdebstrap --quiet --variant=minbase --include="$packages" \
   --dpkgopt='path-exclude=/usr/share/doc/*' \
   --dpkgopt='path-include=/usr/share/doc/*/copyright' \
   "$suite" "$tmp/rootfs.tar" ${sources:+"$sources"} >&2
-(cd "$repo" && "$go" run ./internal/testimage/cmd/mkrootfsimage \
+(cd "$repo" && "$go" run ./internal/imagestore/imagestoretest/cmd/mkrootfsimage \
   -rootfs "$tmp/rootfs.tar" -o "$tmp/image.tar" -name debian-tools) >/dev/null
 mv "$tmp/image.tar" "$out"
 echo "$out"

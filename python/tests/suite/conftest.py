@@ -142,7 +142,7 @@ def suite_user(name: str) -> UserOptions | None:
 
 def options_for(provider: str, *, root: bool | None = None) -> Options:
     """What each provider documents that it honours (as the Go suite's
-    hostsuite and containersuite state it), served by a daemon as root or
+    hosttest and containertest state it), served by a daemon as root or
     not (by default: as this process is). Execs run as nobody, where the
     daemon runs as root; else as the daemon's own user, the only one it
     can."""

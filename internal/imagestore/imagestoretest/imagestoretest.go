@@ -1,4 +1,4 @@
-// Package testimage builds a tiny image from Debian's busybox-static
+// Package imagestoretest builds a tiny image from Debian's busybox-static
 // (/bin/busybox) for the container provider's conformance tests and
 // benchmarks: an OCI image layout, a `docker save` tarball, or a plain
 // root filesystem directory, all of the same content.
@@ -17,7 +17,7 @@
 // functions taking a testing.TB skip the test, saying why, when
 // /bin/busybox is missing or not statically linked, and fail it on any
 // other error.
-package testimage
+package imagestoretest
 
 import (
 	"archive/tar"
@@ -79,7 +79,7 @@ func rootfsEntries() ([]entry, error) {
 	}
 	out, err := exec.Command(Busybox, "--list").Output()
 	if err != nil {
-		return nil, fmt.Errorf("testimage: %s --list: %w", Busybox, err)
+		return nil, fmt.Errorf("imagestoretest: %s --list: %w", Busybox, err)
 	}
 	es := []entry{
 		{name: "bin", typ: tar.TypeDir, mode: 0o755},
@@ -103,7 +103,7 @@ func rootfsEntries() ([]entry, error) {
 		es = append(es, entry{name: "bin/" + a, typ: tar.TypeSymlink, mode: 0o777, linkname: "busybox"})
 	}
 	if !haveSh {
-		return nil, fmt.Errorf("testimage: %s --list has no sh applet", Busybox)
+		return nil, fmt.Errorf("imagestoretest: %s --list has no sh applet", Busybox)
 	}
 	return es, nil
 }
@@ -152,7 +152,7 @@ func layerTar() ([]byte, error) {
 			data := e.data
 			if data == nil {
 				if data, err = os.ReadFile(Busybox); err != nil {
-					return nil, fmt.Errorf("testimage: %w", err)
+					return nil, fmt.Errorf("imagestoretest: %w", err)
 				}
 			}
 			hdr.Size = int64(len(data))
@@ -201,7 +201,7 @@ func buildImage() (v1.Image, error) {
 	}
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }, tarball.WithCompressedCaching)
 	if err != nil {
-		return nil, fmt.Errorf("testimage: %w", err)
+		return nil, fmt.Errorf("imagestoretest: %w", err)
 	}
 	return singleLayerImage(layer, []string{Path}, []string{"/bin/sh"})
 }
@@ -222,14 +222,14 @@ func WriteBusyboxLayout(dir, name string) (string, error) {
 	}
 	p, err := layout.Write(dir, empty.Index)
 	if err != nil {
-		return "", fmt.Errorf("testimage: %w", err)
+		return "", fmt.Errorf("imagestoretest: %w", err)
 	}
 	var opts []layout.Option
 	if name != "" {
 		opts = append(opts, layout.WithAnnotations(map[string]string{RefNameAnnotation: name}))
 	}
 	if err := p.AppendImage(img, opts...); err != nil {
-		return "", fmt.Errorf("testimage: %w", err)
+		return "", fmt.Errorf("imagestoretest: %w", err)
 	}
 	return dir, nil
 }
@@ -246,18 +246,18 @@ func WriteBusyboxDockerSave(file, name string) (string, error) {
 		return "", err
 	}
 	if err := tarball.WriteToFile(file, tag, img); err != nil {
-		return "", fmt.Errorf("testimage: %w", err)
+		return "", fmt.Errorf("imagestoretest: %w", err)
 	}
 	return file, nil
 }
 
 func parseTag(s string) (name.Tag, error) {
 	if s == "" {
-		return name.Tag{}, errors.New("testimage: a docker save tarball needs a name to tag the image with")
+		return name.Tag{}, errors.New("imagestoretest: a docker save tarball needs a name to tag the image with")
 	}
 	tag, err := name.NewTag(s)
 	if err != nil {
-		return name.Tag{}, fmt.Errorf("testimage: %w", err)
+		return name.Tag{}, fmt.Errorf("imagestoretest: %w", err)
 	}
 	return tag, nil
 }
@@ -296,16 +296,16 @@ func WriteBusyboxRootfs(dir string) (string, error) {
 			err = unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW)
 		}
 		if err != nil {
-			return "", fmt.Errorf("testimage: %w", err)
+			return "", fmt.Errorf("imagestoretest: %w", err)
 		}
 	}
 	for _, e := range dirs {
 		p := filepath.Join(dir, e.name)
 		if err := os.Chmod(p, fileMode(e.mode)); err != nil {
-			return "", fmt.Errorf("testimage: %w", err)
+			return "", fmt.Errorf("imagestoretest: %w", err)
 		}
 		if err := os.Chtimes(p, epoch, epoch); err != nil {
-			return "", fmt.Errorf("testimage: %w", err)
+			return "", fmt.Errorf("imagestoretest: %w", err)
 		}
 	}
 	return dir, nil
@@ -337,14 +337,14 @@ func fileMode(m int64) os.FileMode {
 // emptyDir creates dir if missing and fails if it holds anything.
 func emptyDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("testimage: %w", err)
+		return fmt.Errorf("imagestoretest: %w", err)
 	}
 	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return fmt.Errorf("testimage: %w", err)
+		return fmt.Errorf("imagestoretest: %w", err)
 	}
 	if len(ents) > 0 {
-		return fmt.Errorf("testimage: %s is not empty", dir)
+		return fmt.Errorf("imagestoretest: %s is not empty", dir)
 	}
 	return nil
 }

@@ -1,8 +1,8 @@
-// Package hostsuite is what the conformance suite needs of the host
+// Package hosttest is what the conformance suite needs of the host
 // runner, shared by the host's own conformance test and the tests that run
 // the suite through the daemon's API (client): the options the host
 // honours on this machine, and a fresh host runner per clause.
-package hostsuite
+package hosttest
 
 import (
 	"context"

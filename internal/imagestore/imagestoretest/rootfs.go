@@ -1,4 +1,4 @@
-package testimage
+package imagestoretest
 
 import (
 	"compress/gzip"
@@ -33,11 +33,11 @@ type RootfsConfig struct {
 // more than size.
 func RootfsImage(rootfsTar string, cfg RootfsConfig) (v1.Image, error) {
 	if _, err := os.Stat(rootfsTar); err != nil {
-		return nil, fmt.Errorf("testimage: root filesystem tarball: %w", err)
+		return nil, fmt.Errorf("imagestoretest: root filesystem tarball: %w", err)
 	}
 	layer, err := tarball.LayerFromFile(rootfsTar, tarball.WithCompressionLevel(gzip.BestSpeed))
 	if err != nil {
-		return nil, fmt.Errorf("testimage: %s: %w", rootfsTar, err)
+		return nil, fmt.Errorf("imagestoretest: %s: %w", rootfsTar, err)
 	}
 	env := cfg.Env
 	if env == nil {
@@ -56,11 +56,11 @@ func RootfsImage(rootfsTar string, cfg RootfsConfig) (v1.Image, error) {
 func singleLayerImage(layer v1.Layer, env, cmd []string) (v1.Image, error) {
 	img, err := mutate.AppendLayers(empty.Image, layer)
 	if err != nil {
-		return nil, fmt.Errorf("testimage: %w", err)
+		return nil, fmt.Errorf("imagestoretest: %w", err)
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
-		return nil, fmt.Errorf("testimage: %w", err)
+		return nil, fmt.Errorf("imagestoretest: %w", err)
 	}
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture = "linux", runtime.GOARCH
@@ -68,7 +68,7 @@ func singleLayerImage(layer v1.Layer, env, cmd []string) (v1.Image, error) {
 	cf.Config.Env, cf.Config.Cmd = env, cmd
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {
-		return nil, fmt.Errorf("testimage: %w", err)
+		return nil, fmt.Errorf("imagestoretest: %w", err)
 	}
 	return img, nil
 }
@@ -86,7 +86,7 @@ func WriteRootfsDockerSave(rootfsTar, file, name string, cfg RootfsConfig) (stri
 		return "", err
 	}
 	if err := tarball.WriteToFile(file, tag, img); err != nil {
-		return "", fmt.Errorf("testimage: %w", err)
+		return "", fmt.Errorf("imagestoretest: %w", err)
 	}
 	return file, nil
 }

@@ -1,4 +1,4 @@
-// Package containersuite is what tests of the container provider share: a
+// Package containertest is what tests of the container provider share: a
 // static agent binary built once per test binary (and a dynamically linked
 // one, built with cgo, when a test asks), one network manager for
 // every provider of the process (each sweeps what its prefix names), a
@@ -6,7 +6,7 @@
 // per test.
 //
 // A test binary that uses it calls [Main] from its TestMain.
-package containersuite
+package containertest
 
 import (
 	"context"
@@ -22,14 +22,14 @@ import (
 	"testing"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/escapeprobe/build"
-	"github.com/tai42/sandbox/internal/hostsuite"
+	"github.com/tai42/sandbox/internal/escapeprobe/escapeprobetest"
 	"github.com/tai42/sandbox/internal/imagestore"
+	"github.com/tai42/sandbox/internal/imagestore/imagestoretest"
 	"github.com/tai42/sandbox/internal/sessnet"
-	"github.com/tai42/sandbox/internal/testimage"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/ledger"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/host/hosttest"
 	"github.com/tai42/sandbox/sandboxtest"
 )
 
@@ -49,14 +49,14 @@ var env struct {
 // Main prepares the shared pieces, runs the tests, and removes them.
 func Main(m *testing.M) {
 	code := func() int {
-		dir, err := os.MkdirTemp("", "tai42-containersuite-")
+		dir, err := os.MkdirTemp("", "tai42-containertest-")
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
 		env.dir = dir
 		defer os.RemoveAll(dir)
-		defer build.Cleanup() // the escape probe, where a test built it
+		defer escapeprobetest.Cleanup() // the escape probe, where a test built it
 		if err := prepare(dir); err != nil {
 			env.skip = err.Error()
 		}
@@ -86,7 +86,7 @@ func prepare(dir string) error {
 	if err != nil {
 		return err
 	}
-	layout, err := testimage.WriteBusyboxLayout(filepath.Join(dir, "busybox-layout"), Busybox)
+	layout, err := imagestoretest.WriteBusyboxLayout(filepath.Join(dir, "busybox-layout"), Busybox)
 	if err != nil {
 		return fmt.Errorf("the busybox test image: %w", err)
 	}
@@ -113,7 +113,7 @@ func prepare(dir string) error {
 func Require(t testing.TB) {
 	t.Helper()
 	if env.dir == "" {
-		t.Fatal("containersuite: the test binary's TestMain must call containersuite.Main")
+		t.Fatal("containertest: the test binary's TestMain must call containertest.Main")
 	}
 	if env.skip != "" {
 		t.Skip("container provider: " + env.skip)
@@ -304,9 +304,9 @@ func SuiteOptions(image string) sandboxtest.Options {
 		User:               &sandboxtest.UserOptions{Name: "nobody", UID: 65534, GID: 65534, Home: "/nonexistent"},
 	}
 	if image == container.HostImage {
-		opts.User = hostsuite.SuiteUser("nobody")
+		opts.User = hosttest.SuiteUser("nobody")
 		if opts.User == nil || opts.User.UID >= container.UserNamespaceSize || opts.User.GID >= container.UserNamespaceSize {
-			opts.User = hostsuite.SuiteUser("root")
+			opts.User = hosttest.SuiteUser("root")
 		}
 	}
 	return opts

@@ -1,10 +1,10 @@
-// Command mkbusybox writes the test image of package testimage (Debian's
+// Command mkbusybox writes the test image of package imagestoretest (Debian's
 // static busybox and a symlink per applet) for benchmarks and manual
 // tests:
 //
-//	go run ./internal/testimage/cmd/mkbusybox -format oci -o /tmp/busybox-oci
-//	go run ./internal/testimage/cmd/mkbusybox -format docker -o /tmp/busybox.tar -name busybox:test
-//	go run ./internal/testimage/cmd/mkbusybox -format rootfs -o /tmp/busybox-rootfs
+//	go run ./internal/imagestore/imagestoretest/cmd/mkbusybox -format oci -o /tmp/busybox-oci
+//	go run ./internal/imagestore/imagestoretest/cmd/mkbusybox -format docker -o /tmp/busybox.tar -name busybox:test
+//	go run ./internal/imagestore/imagestoretest/cmd/mkbusybox -format rootfs -o /tmp/busybox-rootfs
 //
 // -format oci writes an OCI image layout directory, docker a `docker save`
 // tarball (for `docker load` or `tai42 image import`), rootfs a plain
@@ -18,7 +18,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/tai42/sandbox/internal/testimage"
+	"github.com/tai42/sandbox/internal/imagestore/imagestoretest"
 )
 
 func main() {
@@ -33,11 +33,11 @@ func main() {
 	var err error
 	switch *format {
 	case "oci":
-		_, err = testimage.WriteBusyboxLayout(*out, *name)
+		_, err = imagestoretest.WriteBusyboxLayout(*out, *name)
 	case "docker":
-		_, err = testimage.WriteBusyboxDockerSave(*out, *name)
+		_, err = imagestoretest.WriteBusyboxDockerSave(*out, *name)
 	case "rootfs":
-		_, err = testimage.WriteBusyboxRootfs(*out)
+		_, err = imagestoretest.WriteBusyboxRootfs(*out)
 	default:
 		fmt.Fprintf(os.Stderr, "mkbusybox: -format %q is not one of oci, docker, rootfs\n", *format)
 		os.Exit(2)

@@ -1,6 +1,7 @@
-// Package build builds the escape probe (internal/escapeprobe) for tests: a
-// static binary, built once per test binary run and architecture.
-package build
+// Package escapeprobetest builds the escape probe (internal/escapeprobe)
+// for tests: a static binary, built once per test binary run and
+// architecture.
+package escapeprobetest
 
 import (
 	"debug/elf"

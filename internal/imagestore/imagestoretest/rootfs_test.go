@@ -1,4 +1,4 @@
-package testimage
+package imagestoretest
 
 import (
 	"archive/tar"

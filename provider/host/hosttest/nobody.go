@@ -1,4 +1,4 @@
-package hostsuite
+package hosttest
 
 import (
 	"context"

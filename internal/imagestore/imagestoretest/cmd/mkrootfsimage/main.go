@@ -3,7 +3,7 @@
 // layer, for `tai42 image import`:
 //
 //	mmdebstrap --variant=minbase bookworm /tmp/rootfs.tar
-//	go run ./internal/testimage/cmd/mkrootfsimage -rootfs /tmp/rootfs.tar -o /tmp/debian.tar -name debian-tools
+//	go run ./internal/imagestore/imagestoretest/cmd/mkrootfsimage -rootfs /tmp/rootfs.tar -o /tmp/debian.tar -name debian-tools
 //	tai42 image import /tmp/debian.tar
 //
 // The image's config sets the environment (-env, repeatable; default
@@ -18,7 +18,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/tai42/sandbox/internal/testimage"
+	"github.com/tai42/sandbox/internal/imagestore/imagestoretest"
 )
 
 // envFlags collects repeated -env K=V flags.
@@ -39,17 +39,17 @@ func main() {
 	out := flag.String("o", "", "the docker save tarball to write (`FILE`)")
 	name := flag.String("name", "", "the image's `NAME`, e.g. debian-tools (\":latest\" when untagged)")
 	var env envFlags
-	flag.Var(&env, "env", "an environment variable of the image, `K=V` (repeatable; default "+testimage.DebianPath+")")
+	flag.Var(&env, "env", "an environment variable of the image, `K=V` (repeatable; default "+imagestoretest.DebianPath+")")
 	flag.Parse()
 	if *rootfs == "" || *out == "" || *name == "" || flag.NArg() > 0 {
 		fmt.Fprintln(os.Stderr, "mkrootfsimage: usage: mkrootfsimage -rootfs FILE -o FILE -name NAME [-env K=V]...")
 		os.Exit(2)
 	}
-	cfg := testimage.RootfsConfig{}
+	cfg := imagestoretest.RootfsConfig{}
 	if len(env) > 0 {
 		cfg.Env = env
 	}
-	if _, err := testimage.WriteRootfsDockerSave(*rootfs, *out, *name, cfg); err != nil {
+	if _, err := imagestoretest.WriteRootfsDockerSave(*rootfs, *out, *name, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "mkrootfsimage:", err)
 		os.Exit(1)
 	}
