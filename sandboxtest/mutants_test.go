@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/unixuser/unixusertest"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
 	"github.com/tai42/sandbox/provider/host/hosttest"
@@ -48,7 +49,7 @@ type mutant struct {
 	config func(sandboxtest.Config) sandboxtest.Config
 }
 
-// asNobody are the mutants whose clauses run as hosttest.Nobody, in a
+// asNobody are the mutants whose clauses run as unixusertest.Nobody, in a
 // child of their own and against a control of their own: root reads a
 // file of mode 000, so as root (CI) Files/PermissionDenied skips.
 var asNobody = map[string]bool{"permission-not-found": true}
@@ -1109,11 +1110,11 @@ func runMutantChild(t *testing.T, ctx context.Context, name string, clauses []st
 		cmd.Env = append(cmd.Env, withoutUsersEnv+"=1")
 	}
 	if v.nobody {
-		hosttest.AsNobody(t, cmd)
+		unixusertest.AsNobody(t, cmd)
 	}
 	cmd.WaitDelay = 10 * time.Second
 	begin := time.Now()
-	out, err := hosttest.CombinedOutput(ctx, cmd)
+	out, err := unixusertest.CombinedOutput(ctx, cmd)
 	r := childResult{status: map[string]string{}, out: out, err: err, took: time.Since(begin)}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)

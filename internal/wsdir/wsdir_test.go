@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/unixuser/unixusertest"
 )
 
 func write(t *testing.T, path string, n int) {
@@ -245,7 +245,7 @@ func TestRemoveSweepsLeftovers(t *testing.T) {
 
 // helperEnv names the store and key ("DIR\nKEY") the re-executed test
 // binary removes as an unprivileged user (see TestRemoveUnprivileged).
-const helperEnv = "WSDIR_TEST_REMOVE"
+const helperEnv = "TAI42_WSDIR_TEST_REMOVE" // TAI42_: unixusertest.AsNobody passes it on
 
 // TestMain runs the tests, or, as TestRemoveUnprivileged's helper, only the
 // removal it was given: exit 0 when it succeeded, else 3 with the error.
@@ -279,7 +279,7 @@ func TestRemoveUnprivileged(t *testing.T) {
 	write(t, filepath.Join(ws, "nosearch", "h"), 1)
 	write(t, filepath.Join(ws, "noread", "i"), 1)
 	chmodBack(t, base)
-	const nobody = 65534
+	const nobody = unixusertest.Nobody
 	root := os.Geteuid() == 0
 	if root {
 		if err := filepath.WalkDir(base, func(p string, _ os.DirEntry, err error) error {
@@ -301,12 +301,10 @@ func TestRemoveUnprivileged(t *testing.T) {
 			t.Fatalf("Remove: %v", err)
 		}
 	} else {
-		bin := filepath.Join(base, "wsdir.test")
-		copyFile(t, os.Args[0], bin)
-		cmd := exec.Command(bin)
-		cmd.Env = append(os.Environ(), helperEnv+"="+dir+"\nproj")
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
-		out, err := cmd.CombinedOutput()
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = []string{helperEnv + "=" + dir + "\nproj"}
+		unixusertest.AsNobody(t, cmd)
+		out, err := unixusertest.CombinedOutput(t.Context(), cmd)
 		if err != nil {
 			t.Fatalf("the removal as uid %d failed: %v\n%s", nobody, err, out)
 		}
@@ -316,25 +314,5 @@ func TestRemoveUnprivileged(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("left in the workspace directory: %v", entries)
-	}
-}
-
-func copyFile(t *testing.T, src, dst string) {
-	t.Helper()
-	in, err := os.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		t.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tai42/sandbox/provider/host/hosttest"
+	"github.com/tai42/sandbox/internal/unixuser/unixusertest"
 )
 
 // TestUnprivileged runs the host runner's conformance suite again as
@@ -32,13 +32,13 @@ func TestUnprivileged(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.Command(self, "-test.run=^(TestConformance|TestExecUserUnprivileged)$", "-test.count=1", "-test.v")
-	hosttest.AsNobody(t, cmd)
-	out, err := hosttest.CombinedOutput(ctx, cmd)
+	unixusertest.AsNobody(t, cmd)
+	out, err := unixusertest.CombinedOutput(ctx, cmd)
 	if err != nil {
-		t.Fatalf("the conformance suite as uid %d failed: %v\n%s", hosttest.Nobody, err, failures(out))
+		t.Fatalf("the conformance suite as uid %d failed: %v\n%s", unixusertest.Nobody, err, failures(out))
 	}
 	if !strings.Contains(string(out), "--- PASS: TestExecUserUnprivileged") && !strings.Contains(string(out), "--- SKIP: TestExecUserUnprivileged") {
-		t.Errorf("the run as uid %d did not run TestExecUserUnprivileged:\n%s", hosttest.Nobody, failures(out))
+		t.Errorf("the run as uid %d did not run TestExecUserUnprivileged:\n%s", unixusertest.Nobody, failures(out))
 	}
 	// What the unprivileged run skipped: only what needs root (network
 	// none, caps).

@@ -1,4 +1,8 @@
-package hosttest
+// Package unixusertest runs a test binary again as an unprivileged user
+// (nobody): what a test running as root (as CI does) needs for the clauses
+// that root bypasses, such as permissions. The host runner's tests, the
+// conformance suite's mutants and the workspace store's tests use it.
+package unixusertest
 
 import (
 	"context"
