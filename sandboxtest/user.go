@@ -3,6 +3,7 @@ package sandboxtest
 import (
 	"errors"
 	"fmt"
+	"os/user"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,6 +20,23 @@ type UserOptions struct {
 	UID, GID int
 	// Home is its passwd entry's home directory.
 	Home string
+}
+
+// HostUser is the user name of this machine's /etc/passwd (as os/user
+// finds it) as UserOptions, or nil when there is no such user or its entry
+// has no home: the user for a provider whose execs run as the host's users
+// (a runner on the host, a container of the host's root filesystem).
+func HostUser(name string) *UserOptions {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil
+	}
+	uid, err1 := strconv.Atoi(u.Uid)
+	gid, err2 := strconv.Atoi(u.Gid)
+	if err1 != nil || err2 != nil || u.HomeDir == "" {
+		return nil
+	}
+	return &UserOptions{Name: u.Username, UID: uid, GID: gid, Home: u.HomeDir}
 }
 
 func (s *suite) userClauses() []clause {

@@ -29,7 +29,6 @@ import (
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/ledger"
 	"github.com/tai42/sandbox/provider/container"
-	"github.com/tai42/sandbox/provider/host/hosttest"
 	"github.com/tai42/sandbox/sandboxtest"
 )
 
@@ -304,9 +303,9 @@ func SuiteOptions(image string) sandboxtest.Options {
 		User:               &sandboxtest.UserOptions{Name: "nobody", UID: 65534, GID: 65534, Home: "/nonexistent"},
 	}
 	if image == container.HostImage {
-		opts.User = hosttest.SuiteUser("nobody")
+		opts.User = sandboxtest.HostUser("nobody")
 		if opts.User == nil || opts.User.UID >= container.UserNamespaceSize || opts.User.GID >= container.UserNamespaceSize {
-			opts.User = hosttest.SuiteUser("root")
+			opts.User = sandboxtest.HostUser("root")
 		}
 	}
 	return opts

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
-	"strconv"
 	"testing"
 
 	"github.com/tai42/sandbox"
@@ -57,27 +56,12 @@ func ExecUser(t testing.TB) *sandboxtest.UserOptions {
 		names = []string{me.Username}
 	}
 	for _, name := range names {
-		if u := SuiteUser(name); u != nil {
+		if u := sandboxtest.HostUser(name); u != nil {
 			return u
 		}
 	}
 	t.Logf("no user to run execs as in the suite: the host's /etc/passwd has none of %v", names)
 	return nil
-}
-
-// SuiteUser is the host's user name (its /etc/passwd entry) as the
-// suite's UserOptions, or nil when there is no such user.
-func SuiteUser(name string) *sandboxtest.UserOptions {
-	u, err := user.Lookup(name)
-	if err != nil {
-		return nil
-	}
-	uid, err1 := strconv.Atoi(u.Uid)
-	gid, err2 := strconv.Atoi(u.Gid)
-	if err1 != nil || err2 != nil || u.HomeDir == "" {
-		return nil
-	}
-	return &sandboxtest.UserOptions{Name: u.Username, UID: uid, GID: gid, Home: u.HomeDir}
 }
 
 // New builds a host runner with cfg's policy, reap interval and logger in a
