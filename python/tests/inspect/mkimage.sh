@@ -4,10 +4,10 @@
 # `docker save` tarball for `tai42 image import`, and prints its path.
 #
 # mmdebstrap makes the root filesystem from this machine's apt sources;
-# internal/imagestore/imagestoretest/cmd/mkrootfsimage turns it into an image. The result
-# is cached in CACHE_DIR under a key of the suite, the package list, this
-# script, the image command and the apt sources: a second run with the same
-# inputs prints the cached file at once.
+# internal/imagestore/imagestoretest/cmd/mkrootfsimage turns it into an
+# image. The result is cached in CACHE_DIR under a key of the suite, the
+# package list, this script, the image command and the apt sources: a second
+# run with the same inputs prints the cached file at once.
 #
 # Needs mmdebstrap (apt-get install -y mmdebstrap) and Go. Environment:
 # TAI42_DEBIAN_SUITE (default bookworm), GO (default: go on PATH, else
