@@ -28,7 +28,7 @@ type Registry struct {
 // (a provider recovering its sessions) does not hold up other names.
 type entry struct {
 	mu   sync.Mutex
-	sb   Sandbox                  // nil until opened
+	sb   Sandbox                 // nil until opened
 	open func() (Sandbox, error) // nil for a Register'ed sandbox
 }
 

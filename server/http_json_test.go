@@ -71,7 +71,7 @@ func TestDecodeStrict(t *testing.T) {
 	}{
 		{&req, `{"argv":["a","b"],"env":{"K":"v"},"stdin_base64":null,"timeout_seconds":1.5,"cwd":"x","type":""}`, ""},
 		{&req, `{"argv":[{"a":1,"a":2}]}`, `"argv.0.a" twice`}, // a wrong type, yet a duplicate first
-		{&req, `{"env":{"K":{"x":1}}}`, ""},                     // a wrong type: encoding/json's to refuse
+		{&req, `{"env":{"K":{"x":1}}}`, ""},                    // a wrong type: JSON v2's to refuse
 		{&req, `{"argv":[],"stdin":"eA=="}`, `unknown field "stdin"`},
 		{&req, `{"Argv":[]}`, `unknown field "Argv"`},
 		{&spec, `{"image":"h","isolation":null,"cpu":null,"memory_mb":1,"labels":{"a":"b"}}`, ""},
