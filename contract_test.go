@@ -6,7 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -344,5 +348,91 @@ func TestRegistry(t *testing.T) {
 	}
 	if got, _ := r.Require(""); got != b {
 		t.Error("after unregistering a, the first is b")
+	}
+}
+
+// TestRegistryFunc: a name registered with an opener is opened on its
+// first Require, once, and every Require returns that sandbox; a failed
+// open is the opener's error and keeps nothing, so the next Require opens
+// again; an unknown name lists the lazily registered names too, opening
+// none.
+func TestRegistryFunc(t *testing.T) {
+	var r sandbox.Registry
+	opened, fail := 0, errors.New("state directory in use")
+	want := &fakeSandbox{}
+	if err := r.RegisterFunc("lazy", func() (sandbox.Sandbox, error) {
+		opened++
+		if opened == 1 {
+			return nil, fail
+		}
+		return want, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	never := func() (sandbox.Sandbox, error) { t.Error("an opener not asked for ran"); return nil, fail }
+	if err := r.RegisterFunc("other", never); err != nil {
+		t.Fatal(err)
+	}
+	if r.RegisterFunc("lazy", never) == nil || r.Register("lazy", want) == nil || r.RegisterFunc("", never) == nil || r.RegisterFunc("x", nil) == nil {
+		t.Error("duplicate, unnamed and nil registrations must fail")
+	}
+
+	_, err := r.Require("zzz")
+	var ue *sandbox.UnavailableError
+	if !errors.As(err, &ue) || !slices.Equal(ue.Registered, []string{"lazy", "other"}) {
+		t.Errorf("unknown name: want UnavailableError listing lazy, other; got %v", err)
+	}
+	_, err = r.Require("lazy")
+	if !errors.Is(err, fail) || errors.Is(err, sandbox.ErrUnavailable) || !strings.Contains(err.Error(), `"lazy"`) {
+		t.Errorf("failed open: want the opener's error naming lazy, got %v", err)
+	}
+	for range 3 {
+		if got, err := r.Require(""); got != want || err != nil {
+			t.Fatalf(`Require("") after a failed open = %v, %v; want the sandbox opened now`, got, err)
+		}
+	}
+	if opened != 2 {
+		t.Errorf("opener ran %d times, want 2 (a failure, then once)", opened)
+	}
+}
+
+// TestRegistryFuncConcurrent: concurrent first Requires of one name share
+// one open.
+func TestRegistryFuncConcurrent(t *testing.T) {
+	var r sandbox.Registry
+	var opened atomic.Int32
+	release := make(chan struct{})
+	want := &fakeSandbox{}
+	if err := r.RegisterFunc("slow", func() (sandbox.Sandbox, error) {
+		opened.Add(1)
+		<-release
+		return want, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register("ready", &fakeSandbox{}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	got := make([]sandbox.Sandbox, 8)
+	for i := range got {
+		wg.Go(func() { got[i], _ = r.Require("slow") })
+	}
+	for opened.Load() == 0 {
+		runtime.Gosched()
+	}
+	// An open under way holds up neither another name nor Names.
+	if _, err := r.Require("ready"); err != nil || len(r.Names()) != 2 {
+		t.Errorf("while slow opens: Require(ready) = %v, Names %v", err, r.Names())
+	}
+	close(release)
+	wg.Wait()
+	if n := opened.Load(); n != 1 {
+		t.Errorf("opener ran %d times, want 1", n)
+	}
+	for i, sb := range got {
+		if sb != want {
+			t.Errorf("Require %d got %v, want the opened sandbox", i, sb)
+		}
 	}
 }

@@ -2,7 +2,6 @@ package server
 
 import (
 	"bytes"
-	"encoding"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -11,11 +10,13 @@ import (
 	"math"
 	"net/http"
 	"net/url"
-	"reflect"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
+
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/api"
@@ -161,215 +162,83 @@ func decodeStrict(rd io.Reader, v any) error {
 	return decodeStrictBytes(data, v)
 }
 
+// strictJSON are the options of every request decode. JSON v2 matches a
+// name to a field exactly (encoding/json would take "ARGV" for argv) and
+// refuses a name twice in one object at any depth (encoding/json lets the
+// last win silently); unknown members are refused too. Invalid UTF-8 in a
+// string becomes U+FFFD, as encoding/json (and so the API until JSON v2)
+// takes it.
+var strictJSON = jsonv2.JoinOptions(jsonv2.RejectUnknownMembers(true), jsontext.AllowInvalidUTF8(true))
+
 // decodeStrictBytes decodes data, exactly one JSON object, into v (a
-// pointer to a struct). encoding/json alone would match a key to a field
-// case-insensitively and let the last of two equal keys win silently, so
-// the keys are checked first (checkKeys): a key that is not exactly a
-// field's name and a duplicate key at any depth are refused, naming the
-// key. Then encoding/json decodes, refusing wrong types.
+// pointer to a struct) under strictJSON. A body of the wrong shape (not an
+// object, more than one value), an unknown field and a duplicate key are
+// *shapeErrors naming the key; a wrong type or malformed JSON is JSON v2's
+// error, which names where.
 func decodeStrictBytes(data []byte, v any) error {
-	if err := checkKeys(data, reflect.TypeOf(v)); err != nil {
-		return err
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	return dec.Decode(v)
-}
-
-// maxJSONDepth bounds the nesting checkKeys walks (encoding/json's own
-// limit is 10000).
-const maxJSONDepth = 1000
-
-// checkKeys walks the one JSON value of data, which must be an object, with
-// json.Decoder.Token. In every object it refuses a key seen before in that
-// object, and in an object that decodes into a struct a key that is not
-// exactly the json name of one of its fields. t is the type data decodes
-// into; nil (or a type with its own decoding) means "any value".
-func checkKeys(data []byte, t reflect.Type) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	tok, err := dec.Token()
-	switch {
-	case errors.Is(err, io.EOF):
+	dec := jsontext.NewDecoder(bytes.NewReader(data), strictJSON)
+	switch k := dec.PeekKind(); k {
+	case '{':
+	case 0: // no value: ReadToken says why
+		if _, err := dec.ReadToken(); !errors.Is(err, io.EOF) {
+			return err
+		}
 		return errEmptyBody
-	case err != nil:
-		return err
+	case '[':
+		return shapef("must be one JSON object, not an array")
+	default:
+		return shapef("must be one JSON object, not %s", kindText(k))
 	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		if ok && d == '[' {
-			return shapef("must be one JSON object, not an array")
-		}
-		return shapef("must be one JSON object, not %s", describeToken(tok))
+	if err := jsonv2.UnmarshalDecode(dec, v, strictJSON); err != nil {
+		return strictError(err)
 	}
-	if err := walkObject(dec, t, "", 1); err != nil {
-		if errors.Is(err, io.EOF) { // Token's word for a text that stops inside the object
-			return io.ErrUnexpectedEOF
-		}
-		return err
-	}
-	switch _, err := dec.Token(); {
+	switch _, err := dec.ReadToken(); {
 	case errors.Is(err, io.EOF):
 		return nil
 	case err != nil:
-		return err
+		return err // what follows the object is not JSON
 	}
 	return shapef("holds more than one JSON value")
 }
 
-func describeToken(tok json.Token) string {
-	switch tok.(type) {
-	case nil:
+// strictError words JSON v2's refusal of a key in the API's terms, naming
+// the key by its path (see keyPath). Any other error is JSON v2's, with the
+// value that could not be decoded left out: it may be a secret (an env
+// value sent as a number).
+func strictError(err error) error {
+	var syn *jsontext.SyntacticError
+	if errors.As(err, &syn) && syn.Err == jsontext.ErrDuplicateName {
+		return shapef("has the key %q twice", clipText(keyPath(syn.JSONPointer)))
+	}
+	var sem *jsonv2.SemanticError
+	if errors.As(err, &sem) {
+		if sem.Err == jsonv2.ErrUnknownName {
+			return shapef("has an unknown field %q (names are case-sensitive)", clipText(keyPath(sem.JSONPointer)))
+		}
+		sem.JSONValue = nil
+	}
+	return err
+}
+
+// keyPath is a JSON Pointer's keys joined with dots ("env.A"; an array
+// element by its index, "argv.0").
+func keyPath(p jsontext.Pointer) string {
+	return strings.Join(slices.Collect(p.Tokens()), ".")
+}
+
+// kindText names a JSON kind other than an object or array.
+func kindText(k jsontext.Kind) string {
+	switch k {
+	case 'n':
 		return "null"
-	case bool:
+	case 't', 'f':
 		return "a boolean"
-	case json.Number, float64:
+	case '0':
 		return "a number"
-	case string:
+	case '"':
 		return "a string"
 	}
 	return "that"
-}
-
-// walkValue walks the value that starts with tok.
-func walkValue(dec *json.Decoder, tok json.Token, t reflect.Type, path string, depth int) error {
-	d, ok := tok.(json.Delim)
-	if !ok {
-		return nil // a scalar: its type is encoding/json's to check
-	}
-	if depth > maxJSONDepth {
-		return shapef("nests deeper than %d levels", maxJSONDepth)
-	}
-	if d == '{' {
-		return walkObject(dec, t, path, depth+1)
-	}
-	var elem reflect.Type // d is '[': a closing delimiter would be a syntax error
-	if t = indirect(t); t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
-		elem = t.Elem()
-	}
-	for i := 0; dec.More(); i++ {
-		tok, err := dec.Token()
-		if err != nil {
-			return err
-		}
-		if err := walkValue(dec, tok, elem, fmt.Sprintf("%s[%d]", path, i), depth+1); err != nil {
-			return err
-		}
-	}
-	_, err := dec.Token() // ']'
-	return err
-}
-
-// walkObject walks an object whose '{' was read.
-func walkObject(dec *json.Decoder, t reflect.Type, path string, depth int) error {
-	var fields map[string]reflect.Type // t is a struct: its fields by json name
-	var elem reflect.Type              // t is a map: its values' type
-	if t = indirect(t); t != nil {
-		switch t.Kind() {
-		case reflect.Struct:
-			fields = jsonFields(t)
-		case reflect.Map:
-			elem = t.Elem()
-		}
-	}
-	seen := make(map[string]bool)
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return err
-		}
-		key, _ := tok.(string) // Token returns a key as a string
-		name := key
-		if path != "" {
-			name = path + "." + key
-		}
-		if seen[key] {
-			return shapef("has the key %q twice", clipText(name))
-		}
-		seen[key] = true
-		vt := elem
-		if fields != nil {
-			ft, ok := fields[key]
-			if !ok {
-				return shapef("has an unknown field %q (names are case-sensitive)", clipText(name))
-			}
-			vt = ft
-		}
-		if tok, err = dec.Token(); err != nil {
-			return err
-		}
-		if err := walkValue(dec, tok, vt, name, depth); err != nil {
-			return err
-		}
-	}
-	_, err := dec.Token() // '}'
-	return err
-}
-
-var (
-	jsonUnmarshaler = reflect.TypeFor[json.Unmarshaler]()
-	textUnmarshaler = reflect.TypeFor[encoding.TextUnmarshaler]()
-)
-
-// indirect is t without its pointers, or nil when values of t decode
-// themselves (their keys are theirs to check) or t is nil.
-func indirect(t reflect.Type) reflect.Type {
-	for t != nil {
-		if t.Implements(jsonUnmarshaler) || reflect.PointerTo(t).Implements(jsonUnmarshaler) ||
-			t.Implements(textUnmarshaler) || reflect.PointerTo(t).Implements(textUnmarshaler) {
-			return nil
-		}
-		if t.Kind() != reflect.Pointer {
-			return t
-		}
-		t = t.Elem()
-	}
-	return nil
-}
-
-// jsonFieldCache holds jsonFields' answers by type.
-var jsonFieldCache sync.Map // reflect.Type -> map[string]reflect.Type
-
-// jsonFields maps the exact json names of a struct's fields to their
-// types, as encoding/json names them (the tag's name, else the Go name;
-// "-" skipped; the fields of an untagged embedded struct promoted).
-func jsonFields(t reflect.Type) map[string]reflect.Type {
-	if m, ok := jsonFieldCache.Load(t); ok {
-		return m.(map[string]reflect.Type)
-	}
-	m := make(map[string]reflect.Type)
-	addJSONFields(m, t)
-	jsonFieldCache.Store(t, m)
-	return m
-}
-
-func addJSONFields(m map[string]reflect.Type, t reflect.Type) {
-	for i := range t.NumField() {
-		f := t.Field(i)
-		tag := f.Tag.Get("json")
-		if tag == "-" {
-			continue
-		}
-		name, _, _ := strings.Cut(tag, ",")
-		if f.Anonymous && name == "" {
-			ft := f.Type
-			if ft.Kind() == reflect.Pointer {
-				ft = ft.Elem()
-			}
-			if ft.Kind() == reflect.Struct {
-				addJSONFields(m, ft)
-				continue
-			}
-		}
-		if !f.IsExported() {
-			continue
-		}
-		if name == "" {
-			name = f.Name
-		}
-		if _, dup := m[name]; !dup {
-			m[name] = f.Type
-		}
-	}
 }
 
 // maxTimeoutSeconds is the longest timeout_seconds a time.Duration holds

@@ -34,7 +34,10 @@ func TestStrictJSONKeys(t *testing.T) {
 		{"boolean", "/v1/sessions", `true`, "must be one JSON object, not a boolean"},
 		{"array", "/v1/sessions", `[{}]`, "must be one JSON object, not an array"},
 		{"object then null", "/v1/sessions", `{} null`, "more than one JSON value"},
-		{"deep nesting", execPath, `{"argv":` + strings.Repeat("[", 5000) + strings.Repeat("]", 5000) + `}`, "deeper"},
+		// Nesting is JSON v2's to bound (at 10000, as encoding/json's); a
+		// deep value where the API takes none is a wrong type, named.
+		{"deep nesting", execPath, `{"argv":` + strings.Repeat("[", 5000) + strings.Repeat("]", 5000) + `}`, `"/argv/0"`},
+		{"nesting over the bound", execPath, `{"argv":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`, "exceeded max depth"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			er := e.callErr("POST", c.path, c.body, http.StatusBadRequest, api.KindBadRequest)
@@ -57,8 +60,8 @@ func TestStrictJSONKeys(t *testing.T) {
 	e.call("POST", execPath, "\n {\"argv\":[\"true\"],\"timeout_seconds\":1} \n", http.StatusOK, nil)
 }
 
-// TestCheckKeys: the key walk on its own, over the API's bodies.
-func TestCheckKeys(t *testing.T) {
+// TestDecodeStrict: the strict decode on its own, over the API's bodies.
+func TestDecodeStrict(t *testing.T) {
 	var spec api.SessionSpec
 	var req api.ExecRequest
 	for _, c := range []struct {
@@ -67,8 +70,8 @@ func TestCheckKeys(t *testing.T) {
 		want string // "" ok; else in the error
 	}{
 		{&req, `{"argv":["a","b"],"env":{"K":"v"},"stdin_base64":null,"timeout_seconds":1.5,"cwd":"x","type":""}`, ""},
-		{&req, `{"argv":[{"a":1,"a":2}]}`, `"argv[0].a" twice`}, // a wrong type, yet a duplicate first
-		{&req, `{"env":{"K":{"x":1}}}`, ""},                     // a wrong type: encoding/json's to refuse
+		{&req, `{"argv":[{"a":1,"a":2}]}`, `"argv.0.a" twice`}, // a wrong type, yet a duplicate first
+		{&req, `{"env":{"K":{"x":1}}}`, ""},                    // a wrong type: JSON v2's to refuse
 		{&req, `{"argv":[],"stdin":"eA=="}`, `unknown field "stdin"`},
 		{&req, `{"Argv":[]}`, `unknown field "Argv"`},
 		{&spec, `{"image":"h","isolation":null,"cpu":null,"memory_mb":1,"labels":{"a":"b"}}`, ""},
@@ -88,5 +91,27 @@ func TestCheckKeys(t *testing.T) {
 		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
 			t.Errorf("%s: error %v, want one with %q", c.body, err, c.want)
 		}
+	}
+}
+
+// TestDecodeStrictAsBefore: what JSON v2 would do otherwise than
+// encoding/json is kept as the API took it: invalid UTF-8 in a string
+// becomes U+FFFD, a null isolation is unset, and a value that fails to
+// decode is not echoed (it may be a secret) while its place is named.
+func TestDecodeStrictAsBefore(t *testing.T) {
+	var req api.ExecRequest
+	if err := decodeStrictBytes([]byte("{\"argv\":[\"a\xffb\"]}"), &req); err != nil || len(req.Argv) != 1 || req.Argv[0] != "a\uFFFDb" {
+		t.Errorf("invalid UTF-8: %v, argv %q; want it taken as U+FFFD", err, req.Argv)
+	}
+	var spec api.SessionSpec
+	if err := decodeStrictBytes([]byte(`{"isolation":null,"cpu":null}`), &spec); err != nil || spec.Isolation != nil || spec.CPU != nil {
+		t.Errorf("null isolation and cpu: %v, %v, %v; want both unset", err, spec.Isolation, spec.CPU)
+	}
+	if err := decodeStrictBytes([]byte(`{"isolation":"vm"}`), &spec); err != nil || spec.Isolation == nil || *spec.Isolation != "vm" {
+		t.Errorf("isolation vm: %v, %v", err, spec.Isolation)
+	}
+	err := decodeStrictBytes([]byte(`{"env":{"TOKEN":31415926535}}`), &spec)
+	if err == nil || strings.Contains(err.Error(), "31415926535") || !strings.Contains(err.Error(), "/env/TOKEN") {
+		t.Errorf("env value of the wrong type: %v; want its place named and the value left out", err)
 	}
 }

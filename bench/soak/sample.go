@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +12,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // Sample is one reading of the daemon. A value that could not be read is
@@ -132,40 +135,42 @@ func (p *prober) scrape(ctx context.Context, names ...string) (map[string]float6
 }
 
 // parseMetrics reads the Prometheus text format from r and returns the
-// values of the named unlabelled series. A name it does not find, or a
-// value that is not a number, is an error.
+// values of the named unlabelled series. A name it does not find, or text
+// that is not the format (a value that is not a number), is an error.
 func parseMetrics(r io.Reader, names ...string) (map[string]float64, error) {
-	want := make(map[string]bool, len(names))
-	for _, n := range names {
-		want[n] = true
-	}
-	out := make(map[string]float64, len(names))
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		f := strings.Fields(line) // name value [timestamp]
-		if len(f) < 2 || !want[f[0]] {
-			continue
-		}
-		v, err := strconv.ParseFloat(f[1], 64)
-		if err != nil {
-			return nil, fmt.Errorf("metric %s: value %q: %w", f[0], f[1], err)
-		}
-		out[f[0]] = v
-	}
-	if err := sc.Err(); err != nil {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r)
+	if err != nil {
 		return nil, fmt.Errorf("reading /metrics: %w", err)
 	}
+	out := make(map[string]float64, len(names))
 	for _, n := range names {
-		if _, ok := out[n]; !ok {
+		v, ok := unlabelledValue(families[n])
+		if !ok {
 			return nil, fmt.Errorf("/metrics has no %s", n)
 		}
+		out[n] = v
 	}
 	return out, nil
+}
+
+// unlabelledValue is the value of f's series without labels (a gauge, a
+// counter or an untyped one), if f has one.
+func unlabelledValue(f *dto.MetricFamily) (float64, bool) {
+	for _, m := range f.GetMetric() {
+		if len(m.GetLabel()) > 0 {
+			continue
+		}
+		switch {
+		case m.Gauge != nil:
+			return m.Gauge.GetValue(), true
+		case m.Counter != nil:
+			return m.Counter.GetValue(), true
+		case m.Untyped != nil:
+			return m.Untyped.GetValue(), true
+		}
+	}
+	return 0, false
 }
 
 // read takes one sample at t seconds (OpsPerSec is left for the caller).

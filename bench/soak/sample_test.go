@@ -35,6 +35,9 @@ func TestParseMetrics(t *testing.T) {
 	if _, err := parseMetrics(strings.NewReader(metricsText), "go_threads"); err == nil || !strings.Contains(err.Error(), "no go_threads") {
 		t.Errorf("a missing metric: %v", err)
 	}
+	if _, err := parseMetrics(strings.NewReader(metricsText), "tai42_execs_started_total"); err == nil || !strings.Contains(err.Error(), "no tai42_execs_started_total") {
+		t.Errorf("a metric with labelled series only: %v", err)
+	}
 	if _, err := parseMetrics(strings.NewReader("go_goroutines many\n"), "go_goroutines"); err == nil {
 		t.Error("a value that is not a number is accepted")
 	}

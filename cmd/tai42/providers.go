@@ -47,7 +47,8 @@ type providerConfig struct {
 	// <stateDir>/<provider>/ledger.db, and bring them back after a crash
 	// (the daemon); else the ledger is in memory (a one-shot run).
 	durable bool
-	ledger  kit.Ledger
+	// ledger is set by the opener (when durable), for open to hand on.
+	ledger kit.Ledger
 }
 
 // openLedger opens provider name's durable ledger in stateDir.
@@ -70,7 +71,8 @@ type closableSandbox interface {
 	Close(ctx context.Context) error
 }
 
-// embeddedProvider is a provider compiled into the binary.
+// embeddedProvider is a provider compiled into the binary: its registered
+// name and how it is built from the CLI's configuration.
 type embeddedProvider struct {
 	name string
 	open func(providerConfig) (closableSandbox, error)
@@ -113,6 +115,38 @@ var embeddedProviders = []embeddedProvider{
 	}},
 }
 
+// registerProviders registers every embedded provider in reg under its
+// name, each opened (its durable ledger included) only when Required.
+func registerProviders(reg *sandbox.Registry, providers []embeddedProvider, cfg providerConfig) error {
+	for _, p := range providers {
+		if err := reg.RegisterFunc(p.name, opener(p, cfg)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// opener is p's opener for the registry: it opens p's durable ledger when
+// cfg asks for one and builds p on it. The provider owns the ledger from
+// then on: when it fails it has closed it, so the opener does not.
+func opener(p embeddedProvider, cfg providerConfig) func() (sandbox.Sandbox, error) {
+	return func() (sandbox.Sandbox, error) {
+		c := cfg // this open's own: a retry opens its own ledger
+		if c.durable {
+			l, err := openLedger(c.stateDir, p.name)
+			if err != nil {
+				return nil, err
+			}
+			c.ledger = l
+		}
+		sb, err := p.open(c)
+		if err != nil {
+			return nil, err // not a nil *kit.Sandbox in a non-nil Sandbox
+		}
+		return sb, nil
+	}
+}
+
 // defaultProviderName is the provider used when none is named: the
 // container provider where an OCI runtime is installed and we are root
 // (it needs namespaces, mounts and cgroups), else the host runner.
@@ -128,48 +162,26 @@ func defaultProviderName() string {
 	return host.Name
 }
 
-// openProvider builds the embedded provider name, registers it in a
-// registry and Requires it there: an unknown name is the registry's
-// *sandbox.UnavailableError, listing the embedded providers. The returned
-// close function closes it (destroying any session still live).
+// openProvider registers the embedded providers and Requires name: an
+// unknown name is the registry's *sandbox.UnavailableError, listing them,
+// and only the provider asked for is opened. The returned close function
+// is the sandbox's own Close (destroying any session still live).
 func openProvider(name string, cfg providerConfig) (sandbox.Sandbox, func(context.Context) error, error) {
+	return requireProvider(embeddedProviders, name, cfg)
+}
+
+// requireProvider is openProvider on a list of providers of the caller's.
+// The registry is this call's own, not the process-wide one: the CLI runs
+// once per process, and its tests run it many times in one.
+func requireProvider(providers []embeddedProvider, name string, cfg providerConfig) (sandbox.Sandbox, func(context.Context) error, error) {
 	var reg sandbox.Registry
-	var opened closableSandbox
-	var err error
-	for _, p := range embeddedProviders {
-		if p.name != name {
-			// Listed, so that an unknown name's error names them all;
-			// never opened.
-			if err := reg.Register(p.name, unopened{}); err != nil {
-				return nil, nil, err
-			}
-			continue
-		}
-		if cfg.durable {
-			if cfg.ledger, err = openLedger(cfg.stateDir, p.name); err != nil {
-				return nil, nil, err
-			}
-		}
-		sb, err := p.open(cfg)
-		if err != nil {
-			if cfg.ledger != nil {
-				cfg.ledger.Close() // the kit closed it already if it got that far; twice is harmless
-			}
-			return nil, nil, fmt.Errorf("provider %s: %w", p.name, err)
-		}
-		opened = sb
-		if err := reg.Register(p.name, sb); err != nil {
-			_ = sb.Close(context.Background())
-			return nil, nil, err
-		}
+	if err := registerProviders(&reg, providers, cfg); err != nil {
+		return nil, nil, err
 	}
 	sb, err := reg.Require(name)
 	if err != nil {
 		return nil, nil, err
 	}
-	return sb, opened.Close, nil
+	// Every embedded provider's open returns a closableSandbox.
+	return sb, sb.(closableSandbox).Close, nil
 }
-
-// unopened stands for an embedded provider that was not asked for: it is
-// registered only so that the registry can name it, and is never used.
-type unopened struct{ sandbox.Sandbox }

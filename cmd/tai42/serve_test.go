@@ -238,7 +238,7 @@ func TestServeStartErrors(t *testing.T) {
 		"address in use":     {[]string{"--listen", busy.Addr().String()}, 1, "address already in use"},
 		"malformed address":  {[]string{"--listen", "bogus"}, 2, "bogus"},
 		"floor above host":   {[]string{"--policy-isolation", "container", "--listen", "127.0.0.1:0"}, 2, "isolation floor"},
-		"unknown provider":   {[]string{"--provider", "docker", "--listen", "127.0.0.1:0"}, 2, `"docker"`},
+		"unknown provider":   {[]string{"--provider", "docker", "--listen", "127.0.0.1:0"}, 2, `"docker" is registered (registered: host, container)`},
 		"cert without key":   {[]string{"--tls-cert", "c.pem"}, 2, "--tls-key"},
 		"bad cert":           {[]string{"--tls-cert", "/nonexistent/c.pem", "--tls-key", "/nonexistent/k.pem"}, 2, "TLS"},
 		"bad level":          {[]string{"--log-level", "loud"}, 2, "log level"},

@@ -284,10 +284,14 @@ const DefaultUserNamespace = UserNamespaceAuto
 // durable ledger, every session of that run is removed. New fails when
 // that sweep cannot run (the state directory cannot be read, the network
 // manager cannot be made); a session that cannot be brought back or
-// removed is logged, not an error.
+// removed is logged, not an error. New owns opts.Ledger, as kit.New does:
+// when New fails, the ledger has been closed, once.
 func New(opts Options) (*kit.Sandbox, error) {
 	p, err := newProvider(opts)
 	if err != nil {
+		if opts.Ledger != nil {
+			opts.Ledger.Close()
+		}
 		return nil, err
 	}
 	return kit.New(p, kit.Options{

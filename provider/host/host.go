@@ -120,10 +120,14 @@ type Options struct {
 	Ledger kit.Ledger
 }
 
-// New returns the host runner wrapped by the kit.
+// New returns the host runner wrapped by the kit. It owns opts.Ledger, as
+// kit.New does: when New fails, the ledger has been closed, once.
 func New(opts Options) (*kit.Sandbox, error) {
 	p, err := NewProvider(opts)
 	if err != nil {
+		if opts.Ledger != nil {
+			opts.Ledger.Close()
+		}
 		return nil, err
 	}
 	return kit.New(p, kit.Options{

@@ -580,3 +580,32 @@ func TestEscapeMessage(t *testing.T) {
 		}
 	}
 }
+
+// closeCountingLedger counts its Closes.
+type closeCountingLedger struct {
+	*kit.MemoryLedger
+	closes atomic.Int32
+}
+
+func (l *closeCountingLedger) Close() error { l.closes.Add(1); return nil }
+
+// TestNewClosesLedgerOnFailure: New owns the ledger it is given, so a
+// caller never closes it after a failed New. Whether New fails before the
+// kit (no state directory) or in it (a policy the kit rejects), the
+// ledger is closed exactly once.
+func TestNewClosesLedgerOnFailure(t *testing.T) {
+	for name, opts := range map[string]host.Options{
+		"before the kit": {},
+		"in the kit":     {StateDir: t.TempDir(), Policy: sandbox.Policy{Egress: "wide"}},
+	} {
+		l := &closeCountingLedger{MemoryLedger: kit.NewMemoryLedger()}
+		opts.Ledger = l
+		if sb, err := host.New(opts); err == nil {
+			sb.Close(context.Background())
+			t.Fatalf("%s: New succeeded", name)
+		}
+		if n := l.closes.Load(); n != 1 {
+			t.Errorf("%s: ledger closed %d times, want 1", name, n)
+		}
+	}
+}
