@@ -64,6 +64,24 @@ func (s *Stack) Do(step string, fn func() (Func, error)) error {
 	return nil
 }
 
+// Step is one step of a setup: its name, and what does it and returns its
+// undo (see Do).
+type Step struct {
+	Name string
+	Do   func() (Func, error)
+}
+
+// Run does steps in order, each as Do does, and stops at the first that
+// fails, returning its error: a setup written as the list of its steps.
+func (s *Stack) Run(steps ...Step) error {
+	for _, st := range steps {
+		if err := s.Do(st.Name, st.Do); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Unwind runs the undos on the stack, the last pushed first, every one of
 // them even when one fails, and empties the stack. It returns their errors
 // joined (errors.Join), nil when all succeeded or there were none.

@@ -194,3 +194,32 @@ func TestUnwindContext(t *testing.T) {
 		t.Errorf("the undo saw context value %v, want the teardown's", got)
 	}
 }
+
+func TestRun(t *testing.T) {
+	var s undo.Stack
+	var log []string
+	step := func(name string, fail bool) undo.Step {
+		return undo.Step{Name: name, Do: func() (undo.Func, error) {
+			log = append(log, "do "+name)
+			if fail {
+				return nil, errors.New(name + " failed")
+			}
+			return func(context.Context) error { log = append(log, "undo "+name); return nil }, nil
+		}}
+	}
+	err := s.Run(step("a", false), step("b", true), step("c", false))
+	if undo.FailedStep(err) != "b" {
+		t.Fatalf("Run = %v, want step b's failure", err)
+	}
+	_ = s.Unwind(context.Background())
+	if want := []string{"do a", "do b", "undo a"}; !slices.Equal(log, want) {
+		t.Errorf("ran %q, want %q: Run stops at the failing step", log, want)
+	}
+	log = nil
+	if err := s.Run(step("a", false), step("c", false)); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Steps(); !slices.Equal(got, []string{"a", "c"}) {
+		t.Errorf("after Run, the stack holds %q", got)
+	}
+}

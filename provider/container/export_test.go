@@ -119,3 +119,11 @@ func SessionDirs(sb *kit.Sandbox, id string) (upper, workspace string, err error
 	}
 	return upper, workspace, nil
 }
+
+// FailCreateSteps has every create of the provider of sb ask fail before
+// each of its steps, with the session's id and the step's name: an error
+// fail returns fails that step (the steps before it are undone as on any
+// failure); nil lets it run. nil turns it off. Set it while no create runs.
+func FailCreateSteps(sb *kit.Sandbox, fail func(id, step string) error) {
+	sb.Provider().(*provider).faults = fail
+}
