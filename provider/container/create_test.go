@@ -66,6 +66,12 @@ func createFailsAtEachStep(t *testing.T, p *testProvider) {
 		if len(steps) == 0 || steps[len(steps)-1] != "agent" {
 			t.Fatalf("the create's steps were %q; the last is the agent's ping", steps)
 		}
+		// A kept session's teardown, as recovery pushes it, is in the
+		// order of the create's steps.
+		kept := container.KeptTeardown(p.opts.UserNamespace == container.UserNamespaceOn)
+		if !inOrder(kept, steps) {
+			t.Errorf("recovery pushes a kept session's teardown as %q, not in the order of the create's steps %q", kept, steps)
+		}
 		for _, fail := range steps {
 			var id string
 			container.FailCreateSteps(p.sb, func(sid, step string) error {
@@ -108,4 +114,16 @@ func createFailsAtEachStep(t *testing.T, p *testProvider) {
 		t.Fatalf("a session id is empty: %q", ids)
 	}
 	checkNoLeaks(t, p, ids, base, true)
+}
+
+// inOrder reports whether sub is a subsequence of seq: its elements there,
+// in the same order.
+func inOrder(sub, seq []string) bool {
+	i := 0
+	for _, s := range seq {
+		if i < len(sub) && sub[i] == s {
+			i++
+		}
+	}
+	return i == len(sub)
 }

@@ -18,6 +18,9 @@ import (
 // made keeps the stack for its Destroy, which unwinds it the same way.
 func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Resources, err error) {
 	r := &resources{p: p, id: req.ID, spec: req.Spec, procs: make(map[*proc]struct{})}
+	if p.faults != nil {
+		r.teardown.Fault = func(step string) error { return p.faults(req.ID, step) }
+	}
 	// First: from here on no other process sweeps what this one makes.
 	if r.lock, err = p.locks.Hold(req.ID); err != nil {
 		return nil, err

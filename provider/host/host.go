@@ -149,6 +149,8 @@ type provider struct {
 	netPool  *netnsPool
 	devNull  *os.File // stdin of an exec given no input
 	hostPath string   // PATH for execs
+
+	faults func(id, step string) error // a test's failures of create steps; nil: none
 }
 
 // NewProvider returns the host runner's [kit.Provider] for opts, not yet
