@@ -118,7 +118,6 @@ type creation struct {
 	owner       int    // the host uid (and gid) of root in the session
 	upper, work string // the root overlay's upper and work directories
 	lower       string // its lower layer: the image, or its idmapped view
-	env         []string
 	binds       []bind
 	resolvConf  string
 	sysfsDir    string   // where the session's sysfs is mounted; "": none
@@ -269,12 +268,11 @@ func (r *resources) closeWorkspaceDisk(context.Context) error {
 // or takes the host image's binds.
 func (c *creation) image() (undo.Func, error) {
 	r, p := c.r, c.p
-	c.lower, c.env = p.host.Rootfs, p.host.Env
 	if c.req.Spec.Image == HostImage {
 		for _, b := range p.host.Binds {
 			c.binds = append(c.binds, bind{source: b.Source, dest: b.Dest})
 		}
-		r.env = baseEnv(c.env)
+		c.lower, r.env = p.host.Rootfs, baseEnv(p.host.Env)
 		return nil, nil
 	}
 	img, release, err := p.images.Acquire(c.req.Spec.Image)
@@ -282,8 +280,7 @@ func (c *creation) image() (undo.Func, error) {
 		return nil, &sandbox.SpecRejectedError{Field: "image", Reason: sandbox.ReasonUnenforceable, Message: err.Error()}
 	}
 	r.release, r.imageID = release, img.ID
-	c.lower, c.env = img.Rootfs, img.Env
-	r.env = baseEnv(c.env)
+	c.lower, r.env = img.Rootfs, baseEnv(img.Env)
 	return r.releaseImage, nil
 }
 
