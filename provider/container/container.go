@@ -78,11 +78,9 @@
 package container
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -96,7 +94,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/agent"
 	"github.com/tai42/sandbox/internal/egressdns"
 	"github.com/tai42/sandbox/internal/imagestore"
 	"github.com/tai42/sandbox/internal/sessionlock"
@@ -328,6 +325,8 @@ type provider struct {
 	fenceMu  sync.Mutex
 	opFences operatorFences // guarded by fenceMu
 
+	faults func(id, step string) error // a test's failures of create steps; nil: none
+
 	recoverMu sync.Mutex
 	recovered bool        // Recover has begun; guarded by recoverMu
 	ready     atomic.Bool // Recover is done: net is set, creates may run
@@ -551,217 +550,6 @@ func (p *provider) Check(spec sandbox.SessionSpec) error {
 func cgroupsPath(id string) string { return "/" + cgroupParent + "/" + id }
 
 const cgroupParent = "tai42"
-
-func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Resources, err error) {
-	if !p.ready.Load() {
-		return nil, errors.New("container: the provider has not recovered its state directory yet (the kit calls Recover before any create)")
-	}
-	if p.pool != nil {
-		// The pool's refill waits for the creates (its rollback included).
-		p.pool.begin()
-		defer p.pool.end()
-	}
-	r := &resources{
-		p: p, id: req.ID, spec: req.Spec,
-		dir:    filepath.Join(p.sessDir, req.ID),
-		procs:  make(map[*rproc]struct{}),
-		initFD: -1,
-	}
-	defer func() {
-		if err != nil {
-			if cerr := r.cleanup(context.WithoutCancel(ctx)); cerr != nil {
-				p.log.Warn("container: cleanup after a failed create", "id", req.ID, "err", cerr)
-			}
-		}
-	}()
-	// First: from here on no other process sweeps what this one makes.
-	if r.lock, err = p.locks.Hold(req.ID); err != nil {
-		return nil, err
-	}
-	if err := os.Mkdir(r.dir, 0o700); err != nil {
-		return nil, err
-	}
-	r.made = true
-	// Root in the session owns its workspace and its root's upper layer:
-	// host uid UserNamespaceBase when remapped, host root otherwise.
-	owner := p.rootUID()
-	upper, work := filepath.Join(r.dir, diskUpper), filepath.Join(r.dir, diskWork)
-	// Whether or not the sessions' disks are capped: the reserve keeps
-	// the state directory's filesystem (the ledger, persistent workspaces)
-	// from filling up.
-	if err := p.checkReserve(); err != nil {
-		return nil, err
-	}
-	if p.diskOn {
-		if r.disk, err = p.sessionDisk(ctx); err != nil {
-			return nil, fmt.Errorf("the session's disk (cap %d MiB, %d inodes; tai42 serve --disk-mb, --disk-inodes): %w", p.disk.mb, p.disk.inodes, err)
-		}
-		upper, work = r.disk.path(diskUpper), r.disk.path(diskWork)
-	}
-	if req.Spec.Durability == sandbox.Persistent {
-		if r.ws, err = p.openWorkspace(ctx, r, req.Spec.WorkspaceKey); err != nil {
-			return nil, err
-		}
-	} else if r.disk != nil {
-		r.ws = r.disk.path(diskWorkspace)
-	} else {
-		r.ws = filepath.Join(r.dir, "workspace")
-		if err := os.Mkdir(r.ws, 0o700); err != nil {
-			return nil, err
-		}
-		if err := os.Chown(r.ws, owner, owner); err != nil {
-			return nil, err
-		}
-	}
-
-	lower, env := p.host.Rootfs, p.host.Env
-	var binds []bind
-	if req.Spec.Image == HostImage {
-		for _, b := range p.host.Binds {
-			binds = append(binds, bind{source: b.Source, dest: b.Dest})
-		}
-	} else {
-		img, release, err := p.images.Acquire(req.Spec.Image)
-		if err != nil {
-			return nil, &sandbox.SpecRejectedError{Field: "image", Reason: sandbox.ReasonUnenforceable, Message: err.Error()}
-		}
-		r.release, r.imageID = release, img.ID
-		lower, env = img.Rootfs, img.Env
-	}
-	r.env = baseEnv(env)
-	if r.disk == nil {
-		for _, d := range []string{upper, work} {
-			// The upper layer's top is the session's "/": 0755, as a
-			// root is (the bundle directory above it is 0700).
-			mode := os.FileMode(0o755)
-			if d == work {
-				mode = 0o700
-			}
-			if err := os.Mkdir(d, mode); err != nil {
-				return nil, err
-			}
-			if err := os.Chown(d, owner, owner); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if p.userns != nil {
-		// The image idmapped, so that its root's files are root's in the
-		// session; and the root's mount point where the session's root
-		// can reach it (see rootsDir).
-		idmapped := filepath.Join(r.dir, "lower")
-		if err := os.Mkdir(idmapped, 0o700); err != nil {
-			return nil, err
-		}
-		if err := p.rt.do(func() error { return mountIDMapped(lower, idmapped, p.userns) }); err != nil {
-			return nil, fmt.Errorf("the session's image: %w", err)
-		}
-		r.lowerMounted, lower = true, idmapped
-		r.rootDir = filepath.Join(rootsDir, req.ID)
-		if err := os.Mkdir(r.rootDir, 0o700); err != nil {
-			return nil, fmt.Errorf("the session's root mount point: %w", err)
-		}
-		if err := os.Chown(r.rootDir, owner, owner); err != nil {
-			return nil, err
-		}
-		r.rootfs = filepath.Join(r.rootDir, "rootfs")
-	} else {
-		r.rootfs = filepath.Join(r.dir, "rootfs")
-	}
-	if err := os.Mkdir(r.rootfs, 0o700); err != nil {
-		return nil, err
-	}
-	if err := p.rt.do(func() error { return mountOverlay(lower, upper, work, r.rootfs) }); err != nil {
-		return nil, p.diskFull(r, fmt.Errorf("the session's root overlay: %w", err))
-	}
-	r.mounted = true
-
-	if r.net, err = p.net.Setup(ctx, req.ID, req.Spec.Network); err != nil {
-		return nil, fmt.Errorf("network %q: %w", req.Spec.Network, err)
-	}
-	var resolvConf string
-	if req.Spec.Network == sandbox.NetworkEgress {
-		resolvConf = p.resolvConf()
-	}
-
-	if r.dirFD, err = unix.Open(r.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
-		return nil, err
-	}
-	sock := r.sockPath()
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		return nil, fmt.Errorf("the agent's socket: %w", err)
-	}
-	ln.SetUnlinkOnClose(false)
-	lnFile, err := ln.File()
-	ln.Close()
-	if err != nil {
-		return nil, fmt.Errorf("the agent's socket: %w", err)
-	}
-	defer lnFile.Close()
-
-	// The runtime joins the network namespace through our handle on it:
-	// crun runs in a mount namespace of its own, where the namespace's
-	// bind mount (made later, in ours) does not show.
-	nsFile, err := os.Open(r.net.Path())
-	if err != nil {
-		return nil, fmt.Errorf("the session's network namespace: %w", err)
-	}
-	defer nsFile.Close()
-	var sysfs string
-	if p.userns != nil {
-		fd, err := prepareNetns(nsFile)
-		if err != nil {
-			return nil, err
-		}
-		defer unix.Close(fd)
-		sysfs = filepath.Join(r.dir, "sys")
-		if err := os.Mkdir(sysfs, 0o700); err != nil {
-			return nil, err
-		}
-		if err := p.rt.do(func() error { return attach(fd, sysfs) }); err != nil {
-			return nil, fmt.Errorf("the session's sysfs: %w", err)
-		}
-		r.sysMounted = true
-	}
-	spec := buildSpec(specInput{
-		remap:       p.userns != nil,
-		tmpfs:       r.disk == nil,
-		sysfs:       sysfs,
-		rootfs:      r.rootfs,
-		workspace:   r.ws,
-		agent:       p.agent,
-		netns:       fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), nsFile.Fd()),
-		binds:       binds,
-		resolvConf:  resolvConf,
-		hostname:    "tai42",
-		cgroupsPath: cgroupsPath(req.ID),
-		cpu:         req.Spec.CPU,
-		memoryMB:    req.Spec.MemoryMB,
-		pids:        p.opts.PidsLimit,
-	})
-	if err := writeSpec(r.dir, spec); err != nil {
-		return nil, err
-	}
-	log, err := os.OpenFile(filepath.Join(r.dir, "log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	defer log.Close()
-	r.started = true
-	if err := p.rt.run(ctx, req.ID, r.dir, log, lnFile, p.userns != nil); err != nil {
-		return nil, p.diskFull(r, err)
-	}
-	r.initFD = pidfdOf(filepath.Join(r.dir, initPidFile))
-	r.agent = &agent.Client{Dial: r.dial}
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := r.agent.Ping(pctx); err != nil {
-		msg := tail(log.Name(), 2048)
-		return nil, p.diskFull(r, fmt.Errorf("the session's agent did not answer: %w%s", err, ifNotEmpty("; its log: ", msg)))
-	}
-	return r, nil
-}
 
 // pidfdOf opens a pidfd on the process whose pid file is name; -1 when it
 // cannot (the destroy then leaves the whole kill to the runtime).

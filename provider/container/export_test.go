@@ -119,3 +119,26 @@ func SessionDirs(sb *kit.Sandbox, id string) (upper, workspace string, err error
 	}
 	return upper, workspace, nil
 }
+
+// FailCreateSteps has every create of the provider of sb ask fail before
+// each of its steps, with the session's id and the step's name: an error
+// fail returns fails that step (the steps before it are undone as on any
+// failure); nil lets it run. nil turns it off. Set it while no create runs.
+func FailCreateSteps(sb *kit.Sandbox, fail func(id, step string) error) {
+	sb.Provider().(*provider).faults = fail
+}
+
+// KeptTeardown is the teardown recovery pushes for a kept session (see
+// keptTeardown) that has a disk, a workspace image and all its mounts
+// mounted, remapped or not: its undos' step names, the first pushed first.
+func KeptTeardown(remap bool) []string {
+	r := &resources{p: &provider{}, id: "sb-0", dir: "/state/container/sessions/sb-0", disk: &disk{}, wsDisk: &disk{}}
+	r.rootfs = filepath.Join(r.dir, "rootfs")
+	if remap {
+		r.rootDir = filepath.Join(rootsDir, r.id)
+		r.rootfs = filepath.Join(r.rootDir, "rootfs")
+	}
+	mounted := map[string]bool{filepath.Join(r.dir, "lower"): true, r.rootfs: true, filepath.Join(r.dir, "sys"): true}
+	r.keptTeardown(sessionHandle{Remap: remap}, mounted)
+	return r.teardown.Steps()
+}

@@ -374,11 +374,8 @@ func parallel(n int, fn func(i int)) {
 func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, mounted map[string]bool, lock *sessionlock.Lock) (_ *resources, err error) {
 	r := &resources{
 		p: p, id: k.ID, spec: k.Spec, lock: lock,
-		dir:   filepath.Join(p.sessDir, k.ID),
-		procs: make(map[*rproc]struct{}),
-		// The bundle, the runtime's container and whatever of them the
-		// cleanup must remove exist since the earlier run.
-		made: true, started: true,
+		dir:    filepath.Join(p.sessDir, k.ID),
+		procs:  make(map[*rproc]struct{}),
 		initFD: -1,
 	}
 	defer func() {
@@ -403,23 +400,17 @@ func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, 
 		key := k.Spec.WorkspaceKey
 		r.wsDisk = &disk{img: p.wsImage(key), mnt: filepath.Join(p.perDir, wsMountDir, key), owner: p.rootUID()}
 	}
-	// Its network first: adopted, the cleanup tears it down.
-	if r.net, err = p.net.Adopted(k.ID); err != nil {
-		return nil, fmt.Errorf("its network: %w", err)
-	}
-	// Its mounts as they are where the cleanup would unmount them: for
-	// crun in a mount namespace of its own, the earlier run's namespace
-	// died with it, and with it the mounts (the container's own mount
-	// namespace holds its root).
 	if h.Remap {
 		r.rootDir = filepath.Join(rootsDir, k.ID)
 		r.rootfs = filepath.Join(r.rootDir, "rootfs")
 	} else {
 		r.rootfs = filepath.Join(r.dir, "rootfs")
 	}
-	r.mounted = isMounted(mounted, r.rootfs)
-	r.lowerMounted = isMounted(mounted, filepath.Join(r.dir, "lower"))
-	r.sysMounted = isMounted(mounted, filepath.Join(r.dir, "sys"))
+	r.keptTeardown(h, mounted)
+	// Its network first: adopted, the cleanup tears it down.
+	if r.net, err = p.net.Adopted(k.ID); err != nil {
+		return nil, fmt.Errorf("its network: %w", err)
+	}
 
 	env := p.host.Env
 	if k.Spec.Image != HostImage {

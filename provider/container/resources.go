@@ -21,9 +21,9 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/agent"
-	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/internal/sessionlock"
 	"github.com/tai42/sandbox/internal/sessnet"
+	"github.com/tai42/sandbox/internal/undo"
 	"github.com/tai42/sandbox/kit"
 )
 
@@ -41,19 +41,23 @@ type resources struct {
 	disk   *disk // the session's disk; nil: no cap
 	wsDisk *disk // its persistent workspace's image, mounted; nil: none (or a plain directory)
 
-	rootfs       string // the root overlay's mount point
-	rootDir      string // when remapped, rootfs's own directory under rootsDir
-	lowerMounted bool   // the image, idmapped, is mounted at dir/lower
-	sysMounted   bool   // the session's sysfs is mounted at dir/sys
+	rootfs  string // the root overlay's mount point
+	rootDir string // when remapped, rootfs's own directory under rootsDir
 
-	made, mounted, started bool
-	release                func() // the image's hold, or nil
-	imageID                string // the image's content digest; "" for the host image
-	net                    *sessnet.Net
-	dirFD                  int // an O_PATH handle on dir, for a short socket path
-	initFD                 int // a pidfd on the container's PID 1, or -1
-	agent                  *agent.Client
-	lock                   *sessionlock.Lock // held while this process runs the session
+	release func() // the image's hold, or nil
+	imageID string // the image's content digest; "" for the host image
+	net     *sessnet.Net
+	dirFD   int // an O_PATH handle on dir, for a short socket path
+	initFD  int // a pidfd on the container's PID 1, or -1
+	agent   *agent.Client
+	lock    *sessionlock.Lock // held while this process runs the session
+
+	// teardown is the undos of what Create (or recoverOne) made, the last
+	// made on top; cleanup unwinds it. stuck says that one of them could
+	// not unmount something: the disks under it and the bundle stay.
+	teardown undo.Stack
+	stuck    bool
+	ending   []*rproc // the execs Destroy ended, for removeContainer to wait for
 
 	starting sync.WaitGroup // execs between the closed check and register
 
@@ -118,13 +122,19 @@ func (r *resources) Destroy(ctx context.Context) error {
 	// Killing the container's PID 1 ends every process in its pid
 	// namespace; the agent's connections end, so do the execs. Deleting a
 	// stopped container is then quick (runc's own kill of a running one
-	// waits about 100 ms).
-	var errs []error
+	// waits about 100 ms). The deletion is the top of the teardown, and
+	// waits for the execs ended above (see removeContainer).
 	r.killInit()
-	if err := r.p.rt.delete(ctx, r.id); err != nil {
-		errs = append(errs, err)
-	}
-	r.started = false
+	r.ending = procs
+	return r.cleanup(ctx)
+}
+
+// waitEnded waits for the execs Destroy ended, whose agent connections end
+// with the container, and lets go of them.
+func (r *resources) waitEnded() error {
+	procs := r.ending
+	r.ending = nil
+	var errs []error
 	for _, p := range procs {
 		select {
 		case <-p.done:
@@ -133,8 +143,7 @@ func (r *resources) Destroy(ctx context.Context) error {
 		}
 		p.release()
 	}
-	r.removePutTemps()
-	return errors.Join(append(errs, r.cleanup(ctx))...)
+	return errors.Join(errs...)
 }
 
 // putTempPrefix starts the names of the agent's put_file temporaries.
@@ -196,93 +205,10 @@ func killAndWait(fd int) {
 	}
 }
 
-// cleanup removes what Create made, in reverse; it is also the rollback of
-// a failed create.
+// cleanup removes what Create (or recoverOne) made, last first: it unwinds
+// the session's teardown; it is also the rollback of a failed create.
 func (r *resources) cleanup(ctx context.Context) error {
-	var errs []error
-	if r.started {
-		if err := r.p.rt.delete(ctx, r.id); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if r.initFD >= 0 {
-		unix.Close(r.initFD)
-		r.initFD = -1
-	}
-	if r.dirFD > 0 {
-		unix.Close(r.dirFD)
-		r.dirFD = 0
-	}
-	if err := r.p.cgroups.remove(cgroupsPath(r.id)); err != nil {
-		errs = append(errs, err)
-	}
-	if r.net != nil {
-		if err := r.p.net.Teardown(r.net); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	unmounted := true
-	if r.mounted {
-		if err := r.p.rt.do(func() error { return unmount(r.rootfs) }); err != nil {
-			errs = append(errs, fmt.Errorf("unmount the session's root: %w", err))
-			unmounted = false
-		} else if r.rootDir == "" {
-			// Its mount point now, not with the bundle: removing it
-			// detaches the copies of the root that mount namespaces made
-			// meanwhile hold (see closeDisk), which would hold its disk.
-			if err := os.Remove(r.rootfs); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				errs = append(errs, fmt.Errorf("the session's root mount point: %w", err))
-				unmounted = false
-			}
-		}
-	}
-	if r.lowerMounted {
-		if err := r.p.rt.do(func() error { return unmount(filepath.Join(r.dir, "lower")) }); err != nil {
-			errs = append(errs, fmt.Errorf("unmount the session's idmapped image: %w", err))
-			unmounted = false
-		}
-	}
-	if r.sysMounted {
-		if err := r.p.rt.do(func() error { return unmount(filepath.Join(r.dir, "sys")) }); err != nil {
-			errs = append(errs, fmt.Errorf("unmount the session's sysfs: %w", err))
-			unmounted = false
-		}
-	}
-	if r.rootDir != "" && unmounted {
-		if err := removeRootMount(r.rootDir); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	// The disks once nothing of the session is mounted on them: the
-	// container's mounts are gone with it, the root overlay above.
-	if r.wsDisk != nil && unmounted {
-		if err := r.p.closeDisk(r.wsDisk, false); err != nil {
-			errs = append(errs, fmt.Errorf("the persistent workspace's image: %w", err))
-			unmounted = false
-		} else {
-			r.wsDisk = nil
-		}
-	}
-	if r.disk != nil && unmounted {
-		if err := r.p.closeDisk(r.disk, true); err != nil {
-			errs = append(errs, err)
-			unmounted = false
-		} else {
-			r.disk = nil
-		}
-	}
-	if r.release != nil {
-		r.release()
-		r.release = nil
-	}
-	// Never remove through a root still mounted: that would write into
-	// its upper layer, and could not finish.
-	if r.made && unmounted {
-		if err := oscmd.RemoveAll(r.dir); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	err := errors.Join(errs...)
+	err := r.teardown.Unwind(ctx)
 	// Last: while it is held no other process sweeps the session; its file
 	// stays when something is left, so that the next start retries.
 	r.lock.Release(err == nil)

@@ -67,7 +67,6 @@
 package host
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -154,6 +153,8 @@ type provider struct {
 	netPool  *netnsPool
 	devNull  *os.File // stdin of an exec given no input
 	hostPath string   // PATH for execs
+
+	faults func(id, step string) error // a test's failures of create steps; nil: none
 }
 
 // NewProvider returns the host runner's [kit.Provider] for opts, not yet
@@ -283,52 +284,4 @@ func (p *provider) Check(spec sandbox.SessionSpec) error {
 		return no("cpu", "cpu %g is below the smallest enforceable cap (%g)", spec.CPU, float64(minQuotaUS)/cfsPeriodUS)
 	}
 	return nil
-}
-
-func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Resources, err error) {
-	r := &resources{p: p, id: req.ID, spec: req.Spec, procs: make(map[*proc]struct{})}
-	defer func() {
-		if err != nil {
-			r.cleanup()
-		}
-	}()
-	// First: from here on no other process sweeps what this one makes.
-	if r.lock, err = p.locks.Hold(req.ID); err != nil {
-		return nil, err
-	}
-	if req.Spec.Durability == sandbox.Persistent {
-		r.ws = filepath.Join(p.perDir, req.Spec.WorkspaceKey)
-		if err := os.MkdirAll(r.ws, 0o700); err != nil {
-			return nil, err
-		}
-	} else {
-		r.ws = filepath.Join(p.ephDir, req.ID)
-		r.removeWS = true
-		if err := os.Mkdir(r.ws, 0o700); err != nil {
-			return nil, err
-		}
-	}
-	if r.root, err = os.OpenRoot(r.ws); err != nil {
-		return nil, err
-	}
-	r.tmp = filepath.Join(p.tmpDir, req.ID)
-	if err := os.Mkdir(r.tmp, 0o700); err != nil {
-		return nil, err
-	}
-	if p.track != nil {
-		if r.grp, err = p.track.create(req.ID); err != nil {
-			return nil, err
-		}
-	}
-	if req.Spec.Network == sandbox.NetworkNone {
-		if r.netns, err = p.netPool.take(); err != nil {
-			return nil, fmt.Errorf("network namespace: %w", err)
-		}
-	}
-	if req.Spec.CPU > 0 || req.Spec.MemoryMB > 0 {
-		if r.cg, err = p.cgroups.create("tai42-"+req.ID, req.Spec.CPU, req.Spec.MemoryMB); err != nil {
-			return nil, fmt.Errorf("cgroup: %w", err)
-		}
-	}
-	return r, nil
 }

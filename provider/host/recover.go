@@ -14,6 +14,7 @@ import (
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/internal/sessionlock"
+	"github.com/tai42/sandbox/internal/undo"
 	"github.com/tai42/sandbox/kit"
 )
 
@@ -142,8 +143,10 @@ func (p *provider) Recover(ctx context.Context, keep []kit.Kept) ([]kit.Recovere
 	return out, nil
 }
 
-// reattach makes a kept session's resources again around its workspace.
-// On error the caller removes what is left and releases lock.
+// reattach makes a kept session's resources again around its workspace,
+// with Create's steps (the workspace is found, not made): its teardown is
+// a created session's. On error the caller removes what is left and
+// releases lock.
 func (p *provider) reattach(ctx context.Context, k kit.Kept, lock *sessionlock.Lock) (_ kit.Resources, err error) {
 	if err := validID(k.ID); err != nil {
 		return nil, err
@@ -151,21 +154,57 @@ func (p *provider) reattach(ctx context.Context, k kit.Kept, lock *sessionlock.L
 	r := &resources{p: p, id: k.ID, spec: k.Spec, procs: make(map[*proc]struct{})}
 	defer func() {
 		if err != nil {
-			r.removeWS = false // the caller removes it, once the lock is no longer needed
 			r.cleanup()
 		} else {
 			r.lock = lock
 		}
 	}()
-	if k.Spec.Durability == sandbox.Persistent {
-		r.ws = filepath.Join(p.perDir, k.Spec.WorkspaceKey)
+	if err := r.teardown.Run(
+		undo.Step{Name: "workspace", Do: func() (undo.Func, error) { return r.findWorkspace(k.Handle) }},
+		undo.Step{Name: "workspace root", Do: r.openRoot},
+		undo.Step{Name: "put temps", Do: func() (undo.Func, error) {
+			if k.Spec.Durability == sandbox.Persistent {
+				return nil, nil // Recover removed them from every persistent workspace
+			}
+			if err := p.removePutTemps(ctx, r.ws); err != nil {
+				return nil, fmt.Errorf("removing interrupted put_file temporaries: %w", err)
+			}
+			return nil, nil
+		}},
+		undo.Step{Name: "tmp", Do: func() (undo.Func, error) { return r.makeTmp(os.MkdirAll) }},
+		undo.Step{Name: "network namespace", Do: func() (undo.Func, error) {
+			if k.Spec.Network == sandbox.NetworkNone && p.netErr != nil {
+				return nil, fmt.Errorf("network \"none\" needs a new network namespace, which this host refuses now: %w", p.netErr)
+			}
+			return r.takeNetns()
+		}},
+		undo.Step{Name: "cgroup", Do: func() (undo.Func, error) {
+			if (k.Spec.CPU > 0 || k.Spec.MemoryMB > 0) && p.cgErr != nil {
+				return nil, fmt.Errorf("its caps need a writable cgroup tree: %w", p.cgErr)
+			}
+			return r.makeCgroup()
+		}},
+		undo.Step{Name: "tracking", Do: r.makeGroup},
+	); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// findWorkspace is a kept session's workspace, where its ledger handle
+// (raw) says it is; an ephemeral one is the session's, removed at its
+// teardown.
+func (r *resources) findWorkspace(raw json.RawMessage) (undo.Func, error) {
+	var remove undo.Func
+	if r.spec.Durability == sandbox.Persistent {
+		r.ws = filepath.Join(r.p.perDir, r.spec.WorkspaceKey)
 	} else {
-		r.ws = filepath.Join(p.ephDir, k.ID)
-		r.removeWS = true
+		r.ws = filepath.Join(r.p.ephDir, r.id)
+		remove = r.removeWorkspace
 	}
 	var h ledgerHandle
-	if len(k.Handle) > 0 {
-		if err := json.Unmarshal(k.Handle, &h); err != nil {
+	if len(raw) > 0 {
+		if err := json.Unmarshal(raw, &h); err != nil {
 			return nil, fmt.Errorf("its ledger handle is unreadable: %w", err)
 		}
 		if h.Workspace != r.ws {
@@ -175,40 +214,7 @@ func (p *provider) reattach(ctx context.Context, k kit.Kept, lock *sessionlock.L
 	if fi, err := os.Lstat(r.ws); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("its workspace %s is gone", r.ws)
 	}
-	if r.root, err = os.OpenRoot(r.ws); err != nil {
-		return nil, err
-	}
-	if k.Spec.Durability != sandbox.Persistent {
-		if err := p.removePutTemps(ctx, r.ws); err != nil {
-			return nil, fmt.Errorf("removing interrupted put_file temporaries: %w", err)
-		}
-	}
-	r.tmp = filepath.Join(p.tmpDir, k.ID)
-	if err := os.MkdirAll(r.tmp, 0o700); err != nil {
-		return nil, err
-	}
-	if p.track != nil {
-		if r.grp, err = p.track.create(k.ID); err != nil {
-			return nil, err
-		}
-	}
-	if k.Spec.Network == sandbox.NetworkNone {
-		if p.netErr != nil {
-			return nil, fmt.Errorf("network \"none\" needs a new network namespace, which this host refuses now: %w", p.netErr)
-		}
-		if r.netns, err = p.netPool.take(); err != nil {
-			return nil, fmt.Errorf("network namespace: %w", err)
-		}
-	}
-	if k.Spec.CPU > 0 || k.Spec.MemoryMB > 0 {
-		if p.cgErr != nil {
-			return nil, fmt.Errorf("its caps need a writable cgroup tree: %w", p.cgErr)
-		}
-		if r.cg, err = p.cgroups.create("tai42-"+k.ID, k.Spec.CPU, k.Spec.MemoryMB); err != nil {
-			return nil, fmt.Errorf("cgroup: %w", err)
-		}
-	}
-	return r, nil
+	return remove, nil
 }
 
 // removePutTemps removes the temporary files of put_file calls that an

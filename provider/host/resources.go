@@ -17,6 +17,7 @@ import (
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/internal/sessionlock"
+	"github.com/tai42/sandbox/internal/undo"
 	"github.com/tai42/sandbox/kit"
 )
 
@@ -27,13 +28,13 @@ type resources struct {
 	id       string
 	spec     sandbox.SessionSpec
 	ws       string
-	removeWS bool
 	root     *os.Root
 	tmp      string
 	netns    *netns
 	cg       *cgroup
 	grp      *group // the tracking cgroup; nil where there is none
 	lock     *sessionlock.Lock
+	teardown undo.Stack // the undos of what Create made, the last made on top
 
 	starting sync.WaitGroup // execs between the closed check and register
 
@@ -96,24 +97,10 @@ func (r *resources) Destroy(context.Context) error {
 	return errors.Join(append(errs, r.cleanup())...)
 }
 
+// cleanup removes what Create (or reattach) made, last first: it unwinds
+// the session's teardown; it is also the rollback of a failed create.
 func (r *resources) cleanup() error {
-	var errs []error
-	// The tracking cgroup first: it ends what left its process group.
-	errs = append(errs, r.grp.destroy())
-	if r.cg != nil {
-		errs = append(errs, r.cg.destroy())
-	}
-	r.netns.close()
-	if r.root != nil {
-		r.root.Close()
-	}
-	if r.tmp != "" {
-		errs = append(errs, oscmd.RemoveAll(r.tmp))
-	}
-	if r.removeWS && r.ws != "" {
-		errs = append(errs, oscmd.RemoveAll(r.ws))
-	}
-	err := errors.Join(errs...)
+	err := r.teardown.Unwind(context.Background())
 	// Last: while it is held, no other process sweeps the session. Its
 	// file stays when something could not be removed, so the next start
 	// retries.
