@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/containersuite"
+	"github.com/tai42/sandbox/provider/container/containertest"
 	"github.com/tai42/sandbox/internal/undo"
 	"github.com/tai42/sandbox/provider/container"
 )
@@ -41,7 +41,7 @@ func TestCreateFailsAtEachStep(t *testing.T) {
 func createFailsAtEachStep(t *testing.T, p *testProvider) {
 	warmUp(t, p)
 	base := takeBaseline(t)
-	most := spec(containersuite.Busybox, sandbox.NetworkEgress)
+	most := spec(containertest.Busybox, sandbox.NetworkEgress)
 	most.Durability, most.WorkspaceKey = sandbox.Persistent, "steps-"+randomToken(6)
 	least := spec(container.HostImage, sandbox.NetworkNone)
 	var ids []string
