@@ -257,7 +257,7 @@ func TestUnreachable(t *testing.T) {
 func TestContextEnd(t *testing.T) {
 	mux := sessionMux()
 	mux.HandleFunc("/v1/sessions/s1/exec", func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body) // the server notices a gone client once the body is read
+		_, _ = io.Copy(io.Discard, r.Body) // the server notices a gone client once the body is read
 		<-r.Context().Done()
 	})
 	mux.HandleFunc("/v1/sessions", func(w http.ResponseWriter, r *http.Request) {

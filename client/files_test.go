@@ -45,7 +45,7 @@ func TestPutFileFrom(t *testing.T) {
 	})
 	mux.HandleFunc("GET /v1/sessions/s1/files", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", "5")
-		io.WriteString(w, "12345")
+		_, _ = io.WriteString(w, "12345")
 	})
 	_, c := newFake(t, mux)
 	fs := getSession(t, c).(sandbox.FileStreamer)

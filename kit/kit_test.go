@@ -457,7 +457,7 @@ func TestCloseDestroysAll(t *testing.T) {
 	}
 	ctx := context.Background()
 	for range 3 {
-		sb.CreateSession(ctx, spec())
+		_, _ = sb.CreateSession(ctx, spec())
 	}
 	if err := sb.Close(ctx); err != nil {
 		t.Fatal(err)

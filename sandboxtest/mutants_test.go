@@ -677,7 +677,7 @@ var mutants = []mutant{
 			return &hookedSandbox{Sandbox: sb, create: t.create, reap: func(ctx context.Context) ([]string, error) {
 				ids, err := sb.Reap(ctx)
 				for _, e := range t.all() {
-					sb.DestroySession(ctx, e.info.ID)
+					_ = sb.DestroySession(ctx, e.info.ID)
 				}
 				return ids, err
 			}}

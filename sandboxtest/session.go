@@ -80,7 +80,7 @@ func wantAllGone(t *testing.T, sess sandbox.Session, why string) {
 	h, err := sess.ExecStart(ctx, []string{"true"}, sandbox.StartOptions{Timeout: execTimeout})
 	wantGone(t, err, id, "ExecStart "+why)
 	if h != nil {
-		h.Kill(ctx)
+		_ = h.Kill(ctx)
 	}
 	err = sess.PutFile(ctx, "gone.txt", []byte("x"))
 	wantGone(t, err, id, "PutFile "+why)

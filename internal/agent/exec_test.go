@@ -290,7 +290,7 @@ func (h *hashingOutput) out(stream int, b []byte) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.h[stream].n += int64(len(b))
-	h.h[stream].sum.Write(b)
+	_, _ = h.h[stream].sum.Write(b)
 	return true
 }
 
@@ -361,7 +361,7 @@ func TestBackPressure(t *testing.T) {
 			var n int64
 			for line := range strings.Lines(string(b)) {
 				if v, ok := strings.CutPrefix(line, "wchar: "); ok {
-					fmt.Sscan(v, &n)
+					_, _ = fmt.Sscan(v, &n)
 				}
 			}
 			return n

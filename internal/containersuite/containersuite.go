@@ -56,7 +56,7 @@ func Main(m *testing.M) {
 		}
 		env.dir = dir
 		defer os.RemoveAll(dir)
-		defer build.Cleanup() // the escape probe, where a test built it
+		defer func() { _ = build.Cleanup() }() // the escape probe, where a test built it
 		if err := prepare(dir); err != nil {
 			env.skip = err.Error()
 		}

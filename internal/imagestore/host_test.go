@@ -226,7 +226,7 @@ func fakeHost(t *testing.T) string {
 	}
 	link := func(rel, target string) {
 		p := filepath.Join(root, rel)
-		os.MkdirAll(filepath.Dir(p), 0o755)
+		_ = os.MkdirAll(filepath.Dir(p), 0o755)
 		if err := os.Symlink(target, p); err != nil {
 			t.Fatal(err)
 		}
@@ -292,7 +292,7 @@ func TestBuildHostFake(t *testing.T) {
 		t.Errorf("etc/fonts, a symlink into /home: %v", err)
 	}
 	// No byte of a secret anywhere.
-	filepath.WalkDir(h.Rootfs, func(p string, d fs.DirEntry, err error) error {
+	_ = filepath.WalkDir(h.Rootfs, func(p string, d fs.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() {
 			if b, _ := os.ReadFile(p); bytes.Contains(b, []byte("SECRET")) || bytes.Contains(b, []byte("KEY")) || bytes.Contains(b, []byte("token")) {
 				t.Errorf("%s holds a secret", p)

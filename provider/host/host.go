@@ -285,7 +285,7 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 	r := &resources{p: p, id: req.ID, spec: req.Spec, procs: make(map[*proc]struct{})}
 	defer func() {
 		if err != nil {
-			r.cleanup()
+			_ = r.cleanup()
 		}
 	}()
 	// First: from here on no other process sweeps what this one makes.

@@ -152,7 +152,7 @@ func (p *provider) reattach(ctx context.Context, k kit.Kept, lock *sessionlock.L
 	defer func() {
 		if err != nil {
 			r.removeWS = false // the caller removes it, once the lock is no longer needed
-			r.cleanup()
+			_ = r.cleanup()
 		} else {
 			r.lock = lock
 		}
