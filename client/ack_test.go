@@ -37,15 +37,15 @@ func produce(p *wsPeer, size, total int, stop <-chan struct{}, written *atomic.I
 	return ch
 }
 
-// waitStalled waits until written stops growing above min: the client
+// waitStalled waits until written stops growing above floor: the client
 // stopped reading.
-func waitStalled(t *testing.T, written *atomic.Int64, min int64) {
+func waitStalled(t *testing.T, written *atomic.Int64, floor int64) {
 	t.Helper()
 	var last int64
 	for i := 0; ; i++ {
 		time.Sleep(100 * time.Millisecond)
 		n := written.Load()
-		if n == last && n > min {
+		if n == last && n > floor {
 			return
 		}
 		if i > 100 {
@@ -267,7 +267,7 @@ func TestSessionGoneElsewhere(t *testing.T) {
 		}
 		writeJSON(w, http.StatusOK, fakeSession)
 	})
-	mux.HandleFunc("DELETE /v1/sessions/s1", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("DELETE /v1/sessions/s1", func(w http.ResponseWriter, _ *http.Request) {
 		deletes.Add(1)
 		w.WriteHeader(http.StatusNoContent)
 	})

@@ -569,7 +569,7 @@ func TestNextContext(t *testing.T) {
 // their readers reach the end and free the connection with nobody reading.
 func TestDestroyFreesHandle(t *testing.T) {
 	mux := sessionMux()
-	mux.HandleFunc("DELETE /v1/sessions/s1", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("DELETE /v1/sessions/s1", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	execMux(t, mux, false, func(p *wsPeer) {

@@ -457,7 +457,7 @@ var mutants = []mutant{
 
 	// Files.
 	{"file-not-found-raw", "a FileNotFoundError is replaced by errors.New with the same text", []string{"Files/NotFound"},
-		getFileErr(func(p string, err error) error {
+		getFileErr(func(_ string, err error) error {
 			if errors.Is(err, sandbox.ErrFileNotFound) {
 				return errors.New(err.Error())
 			}
@@ -478,7 +478,7 @@ var mutants = []mutant{
 			return err
 		}), nil},
 	{"file-errors-empty", "GetFile of something that cannot be read as a file returns no bytes and no error", []string{"Files/(Directory|Unreadable)"},
-		getFileErr(func(p string, err error) error {
+		getFileErr(func(_ string, err error) error {
 			if err != nil && !errors.Is(err, sandbox.ErrFileNotFound) && !errors.Is(err, sandbox.ErrSessionNotFound) {
 				return nil
 			}
@@ -570,14 +570,14 @@ var mutants = []mutant{
 
 	// Sessions and the sandbox.
 	{"session-not-found-raw", "GetSession's SessionNotFoundError is replaced by errors.New with the same text", []string{"Sandbox/(GetSession|DestroySession)"},
-		getSessionErr(func(id string, err error) error {
+		getSessionErr(func(_ string, err error) error {
 			if errors.Is(err, sandbox.ErrSessionNotFound) {
 				return errors.New(err.Error())
 			}
 			return err
 		}), nil},
 	{"session-not-found-no-id", "GetSession's SessionNotFoundError names no session", []string{"Sandbox/GetSession"},
-		getSessionErr(func(id string, err error) error {
+		getSessionErr(func(_ string, err error) error {
 			if errors.Is(err, sandbox.ErrSessionNotFound) {
 				return &sandbox.SessionNotFoundError{}
 			}

@@ -391,7 +391,7 @@ func TestOutputLimit(t *testing.T) {
 	a := startAgent(t)
 	var got atomic.Int64
 	var calls atomic.Int64
-	out := func(stream int, b []byte) bool {
+	out := func(_ int, b []byte) bool {
 		calls.Add(1)
 		return got.Add(int64(len(b))) <= 1<<20
 	}
@@ -422,7 +422,7 @@ func TestKillStopAndDrain(t *testing.T) {
 		gate := make(chan struct{})
 		var got atomic.Int64
 		first := true
-		out := func(stream int, b []byte) bool {
+		out := func(_ int, b []byte) bool {
 			if first {
 				first = false
 				<-gate

@@ -187,13 +187,13 @@ func checkSkeleton(t *testing.T, hostRoot string, h HostImage) {
 				continue
 			}
 			rel, _ := filepath.Rel(hostRoot, p)
-			real, _ := filepath.EvalSymlinks(p)
-			realRel, _ := filepath.Rel(hostRoot, real)
+			resolved, _ := filepath.EvalSymlinks(p)
+			realRel, _ := filepath.Rel(hostRoot, resolved)
 			_, ok := bound["/"+rel]
 			switch {
 			case slices.ContainsFunc(hostForbidden, func(f string) bool { return strings.HasPrefix("/"+realRel+"/", f+"/") }):
 				if ok {
-					t.Errorf("the host's /%s, which leads to %s, is bound", rel, real)
+					t.Errorf("the host's /%s, which leads to %s, is bound", rel, resolved)
 				}
 			case !ok:
 				t.Errorf("the host's /%s is not bound", rel)

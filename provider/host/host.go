@@ -281,7 +281,7 @@ func (p *provider) Check(spec sandbox.SessionSpec) error {
 	return nil
 }
 
-func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Resources, err error) {
+func (p *provider) Create(_ context.Context, req kit.CreateRequest) (_ kit.Resources, err error) {
 	r := &resources{p: p, id: req.ID, spec: req.Spec, procs: make(map[*proc]struct{})}
 	defer func() {
 		if err != nil {
