@@ -21,6 +21,10 @@ GO ?= go
 # build from Go's cache after that (about 2 s to start).
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
+# The targets run one after another, in the order written, even under -j:
+# the tests and the crash test share the machine's namespaces and cores.
+.NOTPARALLEL:
+
 .PHONY: build lint test test-go test-python crash ci bench-run bench-api bench-container bench-python fmt
 
 build:
