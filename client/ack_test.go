@@ -37,15 +37,15 @@ func produce(p *wsPeer, size, total int, stop <-chan struct{}, written *atomic.I
 	return ch
 }
 
-// waitStalled waits until written stops growing above min: the client
+// waitStalled waits until written stops growing above floor: the client
 // stopped reading.
-func waitStalled(t *testing.T, written *atomic.Int64, min int64) {
+func waitStalled(t *testing.T, written *atomic.Int64, floor int64) {
 	t.Helper()
 	var last int64
 	for i := 0; ; i++ {
 		time.Sleep(100 * time.Millisecond)
 		n := written.Load()
-		if n == last && n > min {
+		if n == last && n > floor {
 			return
 		}
 		if i > 100 {
@@ -78,8 +78,8 @@ func TestWriteStdinAckBehindOutput(t *testing.T) {
 			return
 		}
 		e := api.ErrorFrom(sandbox.Errorf("write_stdin", "the exec has exited"))
-		p.ack(f.id, &e)
-		p.exit(0)
+		_ = p.ack(f.id, &e)
+		_ = p.exit(0)
 		p.closeNormally()
 	})
 	waitStalled(t, &written, StreamBuffer)
@@ -120,8 +120,8 @@ func TestStdinAckBoundCapped(t *testing.T) {
 				t.Error("fake: no kill")
 				return
 			}
-			p.ack(f.control.ID, nil)
-			p.exit(137)
+			_ = p.ack(f.control.ID, nil)
+			_ = p.exit(137)
 			p.closeNormally()
 			return
 		}
@@ -187,14 +187,14 @@ func TestFrameIDs(t *testing.T) {
 					time.Sleep(400 * time.Millisecond) // the call waiting for this ack is cancelled
 				}
 				ackedAt = time.Now()
-				p.ack(id, nil)
+				_ = p.ack(id, nil)
 			case kind == api.FrameKill:
-				p.ack(id, nil)
-				p.exit(137)
+				_ = p.ack(id, nil)
+				_ = p.exit(137)
 				p.closeNormally()
 				return
 			default:
-				p.ack(id, nil)
+				_ = p.ack(id, nil)
 				close(closed)
 			}
 		}
@@ -267,7 +267,7 @@ func TestSessionGoneElsewhere(t *testing.T) {
 		}
 		writeJSON(w, http.StatusOK, fakeSession)
 	})
-	mux.HandleFunc("DELETE /v1/sessions/s1", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("DELETE /v1/sessions/s1", func(w http.ResponseWriter, _ *http.Request) {
 		deletes.Add(1)
 		w.WriteHeader(http.StatusNoContent)
 	})
@@ -275,15 +275,15 @@ func TestSessionGoneElsewhere(t *testing.T) {
 	stopA := make(chan struct{})
 	var n atomic.Int32
 	execMux(t, mux, false, func(p *wsPeer) {
-		p.text(api.Frame{Type: api.FrameStarted})
+		_ = p.text(api.Frame{Type: api.FrameStarted})
 		if n.Add(1) == 1 { // A: killed while its reader checks the session
 			done := produce(p, 64<<10, 0, stopA, &writtenA)
 			id, ok := waitKill(p)
 			close(stopA)
 			<-done
 			if ok {
-				p.ack(id, nil)
-				p.exit(137)
+				_ = p.ack(id, nil)
+				_ = p.exit(137)
 				p.closeNormally()
 			}
 			return
@@ -291,7 +291,7 @@ func TestSessionGoneElsewhere(t *testing.T) {
 		// B: its session is destroyed elsewhere.
 		<-produce(p, 64<<10, StreamBuffer+8<<20, nil, &writtenB)
 		e := api.ErrorFrom(&sandbox.SessionNotFoundError{SessionID: "s1", Detail: "it was destroyed"})
-		p.text(api.Frame{Type: api.FrameError, Error: &e})
+		_ = p.text(api.Frame{Type: api.FrameError, Error: &e})
 		p.closeNormally()
 	})
 	_, c := newFake(t, mux)
@@ -312,7 +312,7 @@ func TestSessionGoneElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A failed test must not hang its cleanup on a fake blocked writing.
-	t.Cleanup(func() { a.(*handle).conn.CloseNow() })
+	t.Cleanup(func() { _ = a.(*handle).conn.CloseNow() })
 	waitStalled(t, &writtenA, StreamBuffer)
 	for i := 0; gets.Load() < 3; i++ { // checks every goneEvery; the session is there
 		if i > 100 {
@@ -326,13 +326,13 @@ func TestSessionGoneElsewhere(t *testing.T) {
 	kill(t, a, 5*time.Second)
 	<-a.(*handle).done
 	settled("after Kill")
-	readAll(t, a, 5*time.Second)
+	_, _, _, _ = readAll(t, a, 5*time.Second)
 
 	b, err := sess.ExecStart(t.Context(), []string{"yes"}, sandbox.StartOptions{Timeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { b.(*handle).conn.CloseNow() })
+	t.Cleanup(func() { _ = b.(*handle).conn.CloseNow() })
 	waitStalled(t, &writtenB, StreamBuffer)
 	destroyed.Store(true) // by another client
 	select {

@@ -87,7 +87,7 @@ func TestKillUnreadOutput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { sess.Destroy(context.Background()) })
+	t.Cleanup(func() { _ = sess.Destroy(context.Background()) })
 	for _, read := range []bool{false, true} {
 		h, err := sess.ExecStart(ctx, []string{"sh", "-c", "head -c 67108864 /dev/zero; sleep 30"}, sandbox.StartOptions{Timeout: 40 * time.Second})
 		if err != nil {

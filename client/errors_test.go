@@ -168,7 +168,7 @@ func TestErrorKinds(t *testing.T) {
 // status.
 func TestNonAPIErrorBody(t *testing.T) {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/html")
 		w.WriteHeader(http.StatusBadGateway)
 		fmt.Fprint(w, "<html><body>502 Bad Gateway from a proxy</body></html>")
@@ -187,7 +187,7 @@ func TestNonAPIErrorBody(t *testing.T) {
 	}
 	// The same for the exec stream's refused upgrade.
 	mux2 := sessionMux()
-	mux2.HandleFunc("/v1/sessions/s1/exec/stream", func(w http.ResponseWriter, r *http.Request) {
+	mux2.HandleFunc("/v1/sessions/s1/exec/stream", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusBadGateway)
 		fmt.Fprint(w, "not json")
 	})
@@ -202,7 +202,7 @@ func TestNonAPIErrorBody(t *testing.T) {
 // A refused upgrade with an API error body returns that error.
 func TestExecStartRefused(t *testing.T) {
 	mux := sessionMux()
-	mux.HandleFunc("/v1/sessions/s1/exec/stream", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("/v1/sessions/s1/exec/stream", func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, api.ErrorFrom(&sandbox.SessionNotFoundError{SessionID: "s1", Detail: "it was destroyed"}))
 	})
 	_, c := newFake(t, mux)
@@ -256,11 +256,11 @@ func TestUnreachable(t *testing.T) {
 // the family.
 func TestContextEnd(t *testing.T) {
 	mux := sessionMux()
-	mux.HandleFunc("/v1/sessions/s1/exec", func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body) // the server notices a gone client once the body is read
+	mux.HandleFunc("/v1/sessions/s1/exec", func(_ http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // the server notices a gone client once the body is read
 		<-r.Context().Done()
 	})
-	mux.HandleFunc("/v1/sessions", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("/v1/sessions", func(_ http.ResponseWriter, r *http.Request) {
 		<-r.Context().Done()
 	})
 	_, c := newFake(t, mux)
@@ -354,7 +354,7 @@ func TestDefaults(t *testing.T) {
 	var fail atomic.Bool
 	fail.Store(true)
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/sandbox", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET /v1/sandbox", func(w http.ResponseWriter, _ *http.Request) {
 		calls.Add(1)
 		if fail.Load() {
 			writeError(w, api.ErrorFrom(api.Transportf(api.KindShuttingDown, "stopping")))

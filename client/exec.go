@@ -56,7 +56,7 @@ func (s *session) ExecStart(ctx context.Context, argv []string, opts sandbox.Sta
 		return nil, c.transportErr(ctx, op, err)
 	}
 	if conn.Subprotocol() != api.ExecSubprotocol {
-		conn.CloseNow()
+		_ = conn.CloseNow()
 		return nil, sandbox.Errorf(op, "the daemon at %s did not agree to the exec stream's subprotocol %s", c.display, api.ExecSubprotocol)
 	}
 	conn.SetReadLimit(maxFrame)
@@ -64,7 +64,7 @@ func (s *session) ExecStart(ctx context.Context, argv []string, opts sandbox.Sta
 	// Until "started", ctx bounds the reads and writes: its end closes the
 	// connection, and the daemon then kills what it started.
 	fail := func(err error) (sandbox.ExecHandle, error) {
-		conn.CloseNow()
+		_ = conn.CloseNow()
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, ctxErr(op, cerr)
 		}
@@ -190,7 +190,7 @@ func wake(ch chan struct{}) {
 func (h *handle) read() {
 	term := h.readFrames()
 	if term.lost != nil {
-		h.conn.CloseNow()
+		_ = h.conn.CloseNow()
 	} else {
 		// The daemon closes after its last frame: answer its close.
 		h.conn.Close(websocket.StatusNormalClosure, "")

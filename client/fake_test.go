@@ -23,13 +23,13 @@ const testToken = "tai42-test-token-7f3a9c1e"
 func writeError(w http.ResponseWriter, e api.Error) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(e.Status())
-	json.NewEncoder(w).Encode(api.ErrorBody{Error: e})
+	_ = json.NewEncoder(w).Encode(api.ErrorBody{Error: e})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(v)
+	_ = json.NewEncoder(w).Encode(v)
 }
 
 // authorized refuses a request without the test token, as the daemon does.
@@ -141,7 +141,7 @@ func execMux(t *testing.T, mux *http.ServeMux, noReader bool, serve func(p *wsPe
 			t.Errorf("fake: Accept: %v", err)
 			return
 		}
-		defer c.CloseNow()
+		defer func() { _ = c.CloseNow() }()
 		c.SetReadLimit(api.MaxClientFrame)
 		typ, b, err := c.Read(context.Background())
 		if err != nil || typ != websocket.MessageText {

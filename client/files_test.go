@@ -43,9 +43,9 @@ func TestPutFileFrom(t *testing.T) {
 		got <- string(b)
 		w.WriteHeader(http.StatusNoContent)
 	})
-	mux.HandleFunc("GET /v1/sessions/s1/files", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET /v1/sessions/s1/files", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Length", "5")
-		io.WriteString(w, "12345")
+		_, _ = io.WriteString(w, "12345")
 	})
 	_, c := newFake(t, mux)
 	fs := getSession(t, c).(sandbox.FileStreamer)

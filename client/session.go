@@ -133,7 +133,7 @@ func (s *session) PutFileFrom(ctx context.Context, path string, r io.Reader) err
 	// waits for the body's reader, returns even while r.Read blocks; a
 	// failure of r from then on is not r's to report.
 	stop := context.AfterFunc(ctx, func() {
-		src.stop()
+		_ = src.stop()
 		pw.CloseWithError(ctx.Err())
 	})
 	resp, err := s.c.do(ctx, request{

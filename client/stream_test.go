@@ -35,7 +35,7 @@ func startFake(t *testing.T, noReader bool, serve func(p *wsPeer)) sandbox.ExecH
 	}
 	// A test that failed midway must not hang its cleanup on a fake
 	// blocked writing to a client that stopped reading.
-	t.Cleanup(func() { h.(*handle).conn.CloseNow() })
+	t.Cleanup(func() { _ = h.(*handle).conn.CloseNow() })
 	return h
 }
 
@@ -101,11 +101,11 @@ func waitKill(p *wsPeer) (uint64, bool) {
 		}
 		switch {
 		case f.stdin:
-			p.ack(f.id, nil)
+			_ = p.ack(f.id, nil)
 		case f.control.Type == api.FrameKill:
 			return f.control.ID, true
 		default:
-			p.ack(f.control.ID, nil)
+			_ = p.ack(f.control.ID, nil)
 		}
 	}
 }
@@ -121,9 +121,9 @@ func intp(n int) *int { return &n }
 // intact, returned again on every later call.
 func TestStreamTimeout(t *testing.T) {
 	h := startFake(t, false, func(p *wsPeer) {
-		p.output(api.TagStdout, []byte("hello"))
-		p.output(api.TagStderr, []byte("er"))
-		p.text(timeoutFrame(intp(137)))
+		_ = p.output(api.TagStdout, []byte("hello"))
+		_ = p.output(api.TagStderr, []byte("er"))
+		_ = p.text(timeoutFrame(intp(137)))
 		p.closeNormally()
 	})
 	stdout, stderr, exit, err := readAll(t, h, 5*time.Second)
@@ -159,7 +159,7 @@ func TestStreamTimeoutAfterKill(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			sent := make(chan struct{})
 			h := startFake(t, false, func(p *wsPeer) {
-				p.output(api.TagStdout, []byte("early"))
+				_ = p.output(api.TagStdout, []byte("early"))
 				id, ok := waitKill(p)
 				if !ok {
 					t.Error("fake: no kill")
@@ -167,8 +167,8 @@ func TestStreamTimeoutAfterKill(t *testing.T) {
 				}
 				// The deadline fired as the kill arrived: the timeout
 				// frame was already on its way, before the ack.
-				p.text(timeoutFrame(tc.code))
-				p.ack(id, nil)
+				_ = p.text(timeoutFrame(tc.code))
+				_ = p.ack(id, nil)
 				close(sent)
 				p.closeNormally()
 			})
@@ -207,9 +207,9 @@ func TestStreamTimeoutWhileKillWaits(t *testing.T) {
 		if !ok {
 			return
 		}
-		p.text(timeoutFrame(intp(137)))
+		_ = p.text(timeoutFrame(intp(137)))
 		<-release
-		p.ack(id, nil)
+		_ = p.ack(id, nil)
 		p.closeNormally()
 	})
 	defer close(release)
@@ -256,8 +256,8 @@ func TestKillWhileNobodyReads(t *testing.T) {
 		}
 		close(stop)
 		producer.Wait()
-		p.ack(id, nil)
-		p.exit(137)
+		_ = p.ack(id, nil)
+		_ = p.exit(137)
 		p.closeNormally()
 	})
 	// Wait until the producer is blocked: the client stopped reading.
@@ -308,7 +308,7 @@ func TestDaemonStopsReading(t *testing.T) {
 	release := make(chan struct{})
 	h := startFake(t, true, func(p *wsPeer) {
 		<-release
-		p.exit(0)
+		_ = p.exit(0)
 		p.closeNormally()
 	})
 	defer close(release)
@@ -352,18 +352,18 @@ func TestWriteStdinFrames(t *testing.T) {
 			switch {
 			case f.stdin && bytes.HasPrefix(f.data, []byte("refuse")):
 				e := api.ErrorFrom(sandbox.Errorf("write_stdin", "the exec closed its stdin"))
-				p.ack(f.id, &e)
+				_ = p.ack(f.id, &e)
 			case f.stdin:
 				mu.Lock()
 				frames = append(frames, got{f.id, f.data})
 				mu.Unlock()
-				p.ack(f.id, nil)
+				_ = p.ack(f.id, nil)
 			case f.control.Type == api.FrameCloseStdin:
-				p.ack(f.control.ID, nil)
+				_ = p.ack(f.control.ID, nil)
 				close(closed)
 			case f.control.Type == api.FrameKill:
-				p.ack(f.control.ID, nil)
-				p.exit(137)
+				_ = p.ack(f.control.ID, nil)
+				_ = p.exit(137)
 				p.closeNormally()
 				return
 			}
@@ -437,8 +437,8 @@ func TestWriteStdinFrames(t *testing.T) {
 // Kill then returns nil and WriteStdin a SandboxError.
 func TestStreamLost(t *testing.T) {
 	h := startFake(t, false, func(p *wsPeer) {
-		p.output(api.TagStdout, []byte("partial"))
-		p.c.CloseNow()
+		_ = p.output(api.TagStdout, []byte("partial"))
+		_ = p.c.CloseNow()
 	})
 	stdout, _, exit, err := readAll(t, h, 5*time.Second)
 	var se *sandbox.SandboxError
@@ -461,7 +461,7 @@ func TestStartError(t *testing.T) {
 	mux := sessionMux()
 	execMux(t, mux, true, func(p *wsPeer) {
 		e := api.ErrorFrom(sandbox.Errorf("exec_start", "cwd %q does not exist", "missing"))
-		p.text(api.Frame{Type: api.FrameError, Error: &e})
+		_ = p.text(api.Frame{Type: api.FrameError, Error: &e})
 		p.closeNormally()
 	})
 	_, c := newFake(t, mux)
@@ -480,10 +480,10 @@ func TestStartFrame(t *testing.T) {
 	mux := sessionMux()
 	execMux(t, mux, false, func(p *wsPeer) {
 		start = p.start
-		p.text(api.Frame{Type: api.FrameStarted})
+		_ = p.text(api.Frame{Type: api.FrameStarted})
 		time.Sleep(100 * time.Millisecond)
-		p.output(api.TagStdout, []byte("out"))
-		p.exit(3)
+		_ = p.output(api.TagStdout, []byte("out"))
+		_ = p.exit(3)
 		p.closeNormally()
 	})
 	_, c := newFake(t, mux)
@@ -518,8 +518,8 @@ func TestKillConcurrent(t *testing.T) {
 		}
 		kills.Add(1)
 		time.Sleep(50 * time.Millisecond)
-		p.ack(id, nil)
-		p.exit(137)
+		_ = p.ack(id, nil)
+		_ = p.exit(137)
 		p.closeNormally()
 		for f := range p.frames {
 			if f.control.Type == api.FrameKill {
@@ -548,9 +548,9 @@ func TestNextContext(t *testing.T) {
 		if !ok {
 			return
 		}
-		p.output(api.TagStdout, []byte("x"))
-		p.ack(id, nil)
-		p.exit(137)
+		_ = p.output(api.TagStdout, []byte("x"))
+		_ = p.ack(id, nil)
+		_ = p.exit(137)
 		p.closeNormally()
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
@@ -569,11 +569,11 @@ func TestNextContext(t *testing.T) {
 // their readers reach the end and free the connection with nobody reading.
 func TestDestroyFreesHandle(t *testing.T) {
 	mux := sessionMux()
-	mux.HandleFunc("DELETE /v1/sessions/s1", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("DELETE /v1/sessions/s1", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	execMux(t, mux, false, func(p *wsPeer) {
-		p.text(api.Frame{Type: api.FrameStarted})
+		_ = p.text(api.Frame{Type: api.FrameStarted})
 		buf := make([]byte, 64<<10)
 		for i := 0; i < 200; i++ { // 12.5 MiB: more than the bound and the socket buffers
 			if p.output(api.TagStdout, buf) != nil {
@@ -581,7 +581,7 @@ func TestDestroyFreesHandle(t *testing.T) {
 			}
 		}
 		e := api.ErrorFrom(&sandbox.SessionNotFoundError{SessionID: "s1", Detail: "it was destroyed"})
-		p.text(api.Frame{Type: api.FrameError, Error: &e})
+		_ = p.text(api.Frame{Type: api.FrameError, Error: &e})
 		p.closeNormally()
 	})
 	_, c := newFake(t, mux)

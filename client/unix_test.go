@@ -58,7 +58,7 @@ func TestUnixSocket(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CreateSession: %v", err)
 	}
-	defer sess.Destroy(context.WithoutCancel(ctx))
+	defer func() { _ = sess.Destroy(context.WithoutCancel(ctx)) }()
 
 	fs := sess.(sandbox.FileStreamer)
 	if err := fs.PutFileFrom(ctx, "in.txt", strings.NewReader("over the socket\n")); err != nil {
@@ -83,7 +83,7 @@ func TestUnixSocket(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ExecStart: %v", err)
 	}
-	defer h.Kill(context.WithoutCancel(ctx))
+	defer func() { _ = h.Kill(context.WithoutCancel(ctx)) }()
 	if err := h.WriteStdin(ctx, []byte("ping\n")); err != nil {
 		t.Fatalf("WriteStdin: %v", err)
 	}

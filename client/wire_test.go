@@ -28,7 +28,7 @@ func wireSession(t *testing.T) (*client.Client, string, sandbox.Session, context
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { sess.Destroy(context.Background()) })
+	t.Cleanup(func() { _ = sess.Destroy(context.Background()) })
 	return c, url, sess, ctx
 }
 
@@ -42,7 +42,7 @@ func TestWriteStdinAfterExitWithUnreadOutput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Kill(context.Background())
+	defer func() { _ = h.Kill(context.Background()) }()
 	for {
 		res, err := sess.Exec(ctx, []string{"test", "-e", "exited"}, sandbox.ExecOptions{Timeout: 5 * time.Second})
 		if err != nil {
@@ -99,7 +99,7 @@ func TestDestroyElsewhereFreesHandle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Kill(context.Background())
+	defer func() { _ = h.Kill(context.Background()) }()
 	time.Sleep(time.Second) // every buffer on the way fills up
 	if err := other.DestroySession(ctx, sess.ID()); err != nil {
 		t.Fatal(err)

@@ -63,7 +63,7 @@ func TestWorkspacesRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { sess.Destroy(context.Background()) })
+	t.Cleanup(func() { _ = sess.Destroy(context.Background()) })
 	if err := sess.PutFile(ctx, "data.txt", []byte("hello")); err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestWorkspacesRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { again.Destroy(context.Background()) })
+	t.Cleanup(func() { _ = again.Destroy(context.Background()) })
 	if _, err := again.GetFile(ctx, "data.txt"); !errors.Is(err, sandbox.ErrFileNotFound) {
 		t.Errorf("a file of the removed workspace: %v; want FileNotFoundError", err)
 	}

@@ -127,7 +127,7 @@ func TestChokepoint(t *testing.T) {
 		{"network over ceiling", "none", sandbox.Policy{Egress: "internal", Isolation: "none"}, func(s *sandbox.SessionSpec) { s.Network = "egress" }, "network", sandbox.ReasonPolicy},
 		{"internal over none", "none", sandbox.Policy{Egress: "none", Isolation: "none"}, func(s *sandbox.SessionSpec) { s.Network = "internal" }, "network", sandbox.ReasonPolicy},
 		{"isolation below floor", "vm", sandbox.Policy{Egress: "egress", Isolation: "container"}, func(s *sandbox.SessionSpec) { s.Isolation = "none" }, "isolation", sandbox.ReasonPolicy},
-		{"provider level below floor", "none", sandbox.Policy{Egress: "egress", Isolation: "container"}, func(s *sandbox.SessionSpec) {}, "isolation", sandbox.ReasonPolicy},
+		{"provider level below floor", "none", sandbox.Policy{Egress: "egress", Isolation: "container"}, func(_ *sandbox.SessionSpec) {}, "isolation", sandbox.ReasonPolicy},
 		{"persistent while not durable", "none", sandbox.Policy{Egress: "egress", Isolation: "none"}, func(s *sandbox.SessionSpec) { s.Durability = "persistent"; s.WorkspaceKey = "k" }, "durability", sandbox.ReasonPolicy},
 		{"isolation above provider", "none", open, func(s *sandbox.SessionSpec) { s.Isolation = "vm" }, "isolation", sandbox.ReasonUnenforceable},
 		{"provider check", "none", open, func(s *sandbox.SessionSpec) { s.CPU = 1 }, "cpu", sandbox.ReasonUnenforceable},
@@ -457,7 +457,7 @@ func TestCloseDestroysAll(t *testing.T) {
 	}
 	ctx := context.Background()
 	for range 3 {
-		sb.CreateSession(ctx, spec())
+		_, _ = sb.CreateSession(ctx, spec())
 	}
 	if err := sb.Close(ctx); err != nil {
 		t.Fatal(err)

@@ -126,6 +126,6 @@ func (s *suite) testCancelExpired(t *testing.T) {
 		_, err := h.Next(expired)
 		maybe(err, "Next")
 		maybe(h.WriteStdin(expired, []byte("x")), "WriteStdin")
-		h.Kill(ctx)
+		_ = h.Kill(ctx)
 	}
 }

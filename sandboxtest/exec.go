@@ -104,7 +104,7 @@ func (s *suite) testExecBadTimeout(t *testing.T) {
 		h, err := sess.ExecStart(ctx, []string{"true"}, sandbox.StartOptions{Timeout: d})
 		wantBadArg(t, err, "ExecStart with Timeout "+d.String())
 		if h != nil {
-			h.Kill(ctx)
+			_ = h.Kill(ctx)
 		}
 	}
 }
@@ -119,7 +119,7 @@ func (s *suite) testExecEmptyArgv(t *testing.T) {
 		h, err := sess.ExecStart(ctx, argv, sandbox.StartOptions{Timeout: execTimeout})
 		wantBadArg(t, err, "ExecStart with an empty argv")
 		if h != nil {
-			h.Kill(ctx)
+			_ = h.Kill(ctx)
 		}
 	}
 }
@@ -175,7 +175,7 @@ func (s *suite) testExecTimeoutHeld(t *testing.T) {
 	t.Cleanup(func() {
 		ctx, cancel := cleanupContext()
 		defer cancel()
-		sess.Exec(ctx, []string{"kill", "-9", pid}, sandbox.ExecOptions{Timeout: execTimeout})
+		_, _ = sess.Exec(ctx, []string{"kill", "-9", pid}, sandbox.ExecOptions{Timeout: execTimeout})
 	})
 	const what = "Exec(sh -c 'setsid sleep 30 & printf x; sleep 30') past its timeout"
 	if !wantKind(t, err, sandbox.ErrExecTimeout, what) {
@@ -311,9 +311,9 @@ func (s *suite) testExecSecretsNotInLogs(t *testing.T) {
 	env := map[string]sandbox.Secret{"TAI42_E": sandbox.NewSecret(execSecret)}
 	both := `printf '%s %s' "$TAI42_S" "$TAI42_E"; printf '%s %s' "$TAI42_S" "$TAI42_E" >&2`
 	run(t, ctx, sess, sandbox.ExecOptions{Env: env}, shArgv(both+"; exit 3")...)
-	sess.Exec(ctx, []string{"true"}, sandbox.ExecOptions{Env: env, Cwd: "no-such-dir", Timeout: execTimeout})
-	sess.Exec(ctx, []string{"tai42-no-such-command"}, sandbox.ExecOptions{Env: env, Timeout: execTimeout})
-	sess.Exec(ctx, shArgv(both+"; sleep 30"), sandbox.ExecOptions{Env: env, Timeout: 300 * time.Millisecond})
+	_, _ = sess.Exec(ctx, []string{"true"}, sandbox.ExecOptions{Env: env, Cwd: "no-such-dir", Timeout: execTimeout})
+	_, _ = sess.Exec(ctx, []string{"tai42-no-such-command"}, sandbox.ExecOptions{Env: env, Timeout: execTimeout})
+	_, _ = sess.Exec(ctx, shArgv(both+"; sleep 30"), sandbox.ExecOptions{Env: env, Timeout: 300 * time.Millisecond})
 	killed := start(t, ctx, sess, sandbox.StartOptions{Env: env}, shArgv(both+"; sleep 30")...)
 	killed.next(ctx)
 	if err := killed.h.Kill(ctx); err != nil {
@@ -322,7 +322,7 @@ func (s *suite) testExecSecretsNotInLogs(t *testing.T) {
 	killed.drain(ctx, prompt)
 	timedOut := start(t, ctx, sess, sandbox.StartOptions{Env: env, Timeout: 300 * time.Millisecond}, shArgv(both+"; sleep 30")...)
 	timedOut.drain(ctx, prompt)
-	sb.CreateSession(ctx, s.spec(func(sp *sandbox.SessionSpec) {
+	_, _ = sb.CreateSession(ctx, s.spec(func(sp *sandbox.SessionSpec) {
 		sp.Env = map[string]sandbox.Secret{"TAI42=BAD": sandbox.NewSecret(bad)}
 	}))
 	sleepCtx(ctx, time.Until(expInfo.ExpiresAt)+100*time.Millisecond)
@@ -428,7 +428,7 @@ func (s *suite) testExecLeftoverChild(t *testing.T) {
 		t.Errorf("Exec(sh -c 'sleep 30 & echo $!') = %+v; want exit 0 and the child's pid on stdout", res)
 		return
 	}
-	sess.Exec(ctx, []string{"kill", pid}, sandbox.ExecOptions{Timeout: execTimeout})
+	_, _ = sess.Exec(ctx, []string{"kill", pid}, sandbox.ExecOptions{Timeout: execTimeout})
 }
 
 // Output beyond what the provider holds in memory fails Exec with an

@@ -16,7 +16,7 @@ func (s *suite) testStreamExitWatcher(t *testing.T) {
 	ctx := testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{}, shArgv("read x; head -c 200000 /dev/zero")...)
-	defer r.h.Kill(ctx)
+	defer func() { _ = r.h.Kill(ctx) }()
 	w, ok := r.h.(sandbox.ExitWatcher)
 	if !ok {
 		t.Logf("the handle (%T) does not implement sandbox.ExitWatcher (optional): nothing to check", r.h)

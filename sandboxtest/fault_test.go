@@ -154,7 +154,7 @@ func TestKitNeverInventsExitStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Kill(context.Background())
+	defer func() { _ = h.Kill(context.Background()) }()
 	// The failure is decided, unread, when Kill is called.
 	<-h.(*faultHandle).pumped
 	if err := h.Kill(ctx); err != nil {

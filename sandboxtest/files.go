@@ -188,7 +188,9 @@ func (s *suite) testFilesPermissionDenied(t *testing.T) {
 	mustSh(t, ctx, sess, "printf secret > locked && mkdir closed && printf secret > closed/f && chmod 000 locked closed")
 	// Give the workspace back its modes, so that its removal at destroy
 	// does not depend on the user bypassing them.
-	defer sess.Exec(ctx, []string{"chmod", "755", "closed"}, sandbox.ExecOptions{Timeout: execTimeout})
+	defer func() {
+		_, _ = sess.Exec(ctx, []string{"chmod", "755", "closed"}, sandbox.ExecOptions{Timeout: execTimeout})
+	}()
 	if res := run(t, ctx, sess, sandbox.ExecOptions{}, "cat", "locked"); res.ExitCode == 0 {
 		t.Skip("the session's user reads a file of mode 000 (it bypasses permissions, as root does): no permission error can be made")
 	}
@@ -229,7 +231,9 @@ func (s *suite) testFilesEscapes(t *testing.T) {
 	// read that escapes would have something to read.
 	planted := run(t, ctx, sess, sandbox.ExecOptions{}, shArgv(`printf outside > "$1"`, outside)...).ExitCode == 0
 	if planted {
-		defer sess.Exec(ctx, []string{"rm", "-f", outside}, sandbox.ExecOptions{Timeout: execTimeout})
+		defer func() {
+			_, _ = sess.Exec(ctx, []string{"rm", "-f", outside}, sandbox.ExecOptions{Timeout: execTimeout})
+		}()
 	}
 	escapes := []string{"../" + name, "a/../../" + name, "./../" + name}
 	if s.opts.AbsoluteOutsideWorkspaceRefused {
@@ -318,7 +322,7 @@ func (s *suite) testFilesSymlinkEscapes(t *testing.T) {
 	wantNoHostFile(t, filepath.Join(dir, "new.txt"))
 	// PutFile onto the symlink itself may replace the link, but never the
 	// host file it points to.
-	sess.PutFile(ctx, "hostfile", []byte("overwritten"))
+	_ = sess.PutFile(ctx, "hostfile", []byte("overwritten"))
 	if got, err := os.ReadFile(hostFile); err != nil || string(got) != "host" {
 		t.Errorf("the host file holds %q (%v) after PutFile onto a symlink to it; want it untouched", got, err)
 	}

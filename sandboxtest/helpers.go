@@ -363,7 +363,7 @@ func start(t *testing.T, ctx context.Context, sess sandbox.Session, opts sandbox
 	t.Cleanup(func() {
 		ctx, cancel := cleanupContext()
 		defer cancel()
-		h.Kill(ctx)
+		_ = h.Kill(ctx)
 	})
 	return &reader{t: t, h: h}
 }

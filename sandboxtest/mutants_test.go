@@ -458,7 +458,7 @@ var mutants = []mutant{
 
 	// Files.
 	{"file-not-found-raw", "a FileNotFoundError is replaced by errors.New with the same text", []string{"Files/NotFound"},
-		getFileErr(func(p string, err error) error {
+		getFileErr(func(_ string, err error) error {
 			if errors.Is(err, sandbox.ErrFileNotFound) {
 				return errors.New(err.Error())
 			}
@@ -479,7 +479,7 @@ var mutants = []mutant{
 			return err
 		}), nil},
 	{"file-errors-empty", "GetFile of something that cannot be read as a file returns no bytes and no error", []string{"Files/(Directory|Unreadable)"},
-		getFileErr(func(p string, err error) error {
+		getFileErr(func(_ string, err error) error {
 			if err != nil && !errors.Is(err, sandbox.ErrFileNotFound) && !errors.Is(err, sandbox.ErrSessionNotFound) {
 				return nil
 			}
@@ -571,14 +571,14 @@ var mutants = []mutant{
 
 	// Sessions and the sandbox.
 	{"session-not-found-raw", "GetSession's SessionNotFoundError is replaced by errors.New with the same text", []string{"Sandbox/(GetSession|DestroySession)"},
-		getSessionErr(func(id string, err error) error {
+		getSessionErr(func(_ string, err error) error {
 			if errors.Is(err, sandbox.ErrSessionNotFound) {
 				return errors.New(err.Error())
 			}
 			return err
 		}), nil},
 	{"session-not-found-no-id", "GetSession's SessionNotFoundError names no session", []string{"Sandbox/GetSession"},
-		getSessionErr(func(id string, err error) error {
+		getSessionErr(func(_ string, err error) error {
 			if errors.Is(err, sandbox.ErrSessionNotFound) {
 				return &sandbox.SessionNotFoundError{}
 			}
@@ -678,7 +678,7 @@ var mutants = []mutant{
 			return &hookedSandbox{Sandbox: sb, create: t.create, reap: func(ctx context.Context) ([]string, error) {
 				ids, err := sb.Reap(ctx)
 				for _, e := range t.all() {
-					sb.DestroySession(ctx, e.info.ID)
+					_ = sb.DestroySession(ctx, e.info.ID)
 				}
 				return ids, err
 			}}

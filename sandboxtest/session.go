@@ -80,7 +80,7 @@ func wantAllGone(t *testing.T, sess sandbox.Session, why string) {
 	h, err := sess.ExecStart(ctx, []string{"true"}, sandbox.StartOptions{Timeout: execTimeout})
 	wantGone(t, err, id, "ExecStart "+why)
 	if h != nil {
-		h.Kill(ctx)
+		_ = h.Kill(ctx)
 	}
 	err = sess.PutFile(ctx, "gone.txt", []byte("x"))
 	wantGone(t, err, id, "PutFile "+why)
@@ -404,8 +404,8 @@ func (s *suite) testTouch(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Info: %v", err)
 		}
-		if min := before.Add(time.Hour); info.ExpiresAt.Before(min) {
-			t.Errorf("after Touch #%d expires_at = %v; want at least now + ttl = %v", i+1, info.ExpiresAt, min)
+		if least := before.Add(time.Hour); info.ExpiresAt.Before(least) {
+			t.Errorf("after Touch #%d expires_at = %v; want at least now + ttl = %v", i+1, info.ExpiresAt, least)
 		}
 		if info.ExpiresAt.Before(prev.ExpiresAt) {
 			t.Errorf("Touch #%d moved expires_at back from %v to %v; Touch never shortens a life", i+1, prev.ExpiresAt, info.ExpiresAt)

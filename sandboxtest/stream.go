@@ -105,7 +105,7 @@ func (s *suite) testStreamCwdAndEnv(t *testing.T) {
 		h, err := sess.ExecStart(ctx, []string{"true"}, sandbox.StartOptions{Cwd: cwd, Timeout: execTimeout})
 		wantKind(t, err, sandbox.ErrSandbox, "ExecStart with Cwd "+strconv.Quote(cwd))
 		if h != nil {
-			h.Kill(ctx)
+			_ = h.Kill(ctx)
 		}
 	}
 }

@@ -168,7 +168,7 @@ func (s *suite) testUserUnknown(t *testing.T) {
 	h, err := sess.ExecStart(ctx, shArgv("touch ran-start"), sandbox.StartOptions{Timeout: execTimeout, User: name})
 	check(err, "ExecStart as an unknown user")
 	if h != nil {
-		h.Kill(ctx)
+		_ = h.Kill(ctx)
 	}
 	for _, f := range []string{"ran-exec", "ran-start"} {
 		if exists(t, ctx, sess, f) {
@@ -192,7 +192,7 @@ func (s *suite) testUserMalformed(t *testing.T) {
 		h, err := sess.ExecStart(ctx, shArgv("touch ran"), sandbox.StartOptions{Timeout: execTimeout, User: u})
 		wantPlain(t, err, fmt.Sprintf("ExecStart as the malformed user %q", u))
 		if h != nil {
-			h.Kill(ctx)
+			_ = h.Kill(ctx)
 		}
 	}
 	if exists(t, ctx, sess, "ran") {
@@ -218,7 +218,7 @@ func (s *suite) testUserRefused(t *testing.T) {
 		}
 		h, err := sess.ExecStart(ctx, shArgv("touch ran"), sandbox.StartOptions{Timeout: execTimeout, User: u})
 		if err == nil {
-			h.Kill(ctx)
+			_ = h.Kill(ctx)
 			t.Errorf("ExecStart as %q: started; a provider whose Options.User is nil must refuse it", u)
 		} else {
 			wantKind(t, err, sandbox.ErrSandbox, "ExecStart as "+u)

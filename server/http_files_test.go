@@ -188,7 +188,7 @@ func TestSlowDownloadIsNotCut(t *testing.T) {
 		t.Fatalf("%d bytes, not the file", got.Len())
 	}
 	// The same connection, and a response that comes after the idle timeout.
-	execAfter(t, e, ctx, id, "sleep 1; echo late", "late", "download", &conns)
+	execAfter(t, ctx, e, id, "sleep 1; echo late", "late", "download", &conns)
 }
 
 // TestStalledUploadIsCut: an upload whose body stops coming is cut after the
@@ -248,7 +248,7 @@ func TestStalledUploadIsCut(t *testing.T) {
 	if resp.StatusCode != http.StatusNoContent {
 		t.Fatalf("slow upload: %d", resp.StatusCode)
 	}
-	execAfter(t, e, ctx, id, "sleep 1; wc -c < f", "20000", "upload", &conns)
+	execAfter(t, ctx, e, id, "sleep 1; wc -c < f", "20000", "upload", &conns)
 }
 
 // execAfter runs script (which answers after a pause longer than the idle
@@ -256,7 +256,7 @@ func TestStalledUploadIsCut(t *testing.T) {
 // holds want and that the connection was reused: no deadline the transfer
 // set is left on it. conns records the connections the test's client
 // dialled; after names the transfer, for messages.
-func execAfter(t *testing.T, e *env, ctx context.Context, id, script, want, after string, conns *[]net.Conn) {
+func execAfter(t *testing.T, ctx context.Context, e *env, id, script, want, after string, conns *[]net.Conn) {
 	t.Helper()
 	body, _ := json.Marshal(api.ExecRequest{Argv: []string{"sh", "-c", script}, TimeoutSeconds: 10})
 	r, _ := http.NewRequestWithContext(ctx, "POST", e.ts.URL+"/v1/sessions/"+id+"/exec", bytes.NewReader(body))

@@ -158,7 +158,7 @@ func TestServeShutdown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer wc.CloseNow()
+	defer func() { _ = wc.CloseNow() }()
 	w := wsClient{t, wc}
 	w.start([]string{"sleep", arg}, 60, nil)
 	w.expectStarted()
@@ -291,7 +291,7 @@ func TestServeTLS(t *testing.T) {
 	if err != nil {
 		t.Fatalf("wss: %v", err)
 	}
-	defer wc.CloseNow()
+	defer func() { _ = wc.CloseNow() }()
 	w := wsClient{t, wc}
 	w.start([]string{"echo", "secure"}, 10, nil)
 	w.expectStarted()

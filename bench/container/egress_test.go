@@ -193,7 +193,7 @@ func serveDownload(b *testing.B, up *sessnettest.Upstream, addr netip.Addr) neti
 			}
 			wg.Go(func() {
 				defer c.Close()
-				io.CopyBuffer(c, io.LimitReader(zeros{}, downloadBytes), chunk)
+				_, _ = io.CopyBuffer(c, io.LimitReader(zeros{}, downloadBytes), chunk)
 			})
 		}
 	})

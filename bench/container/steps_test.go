@@ -164,7 +164,7 @@ func stepsBench(b *testing.B, rt string, edit func(*specs.Spec)) {
 	sb, opts := newProvider(b, rt)
 	lb := newLiveBundle(b, sb, opts, rt, edit)
 	ctx := context.Background()
-	real := edit == nil
+	unedited := edit == nil
 	// createFirstExec is a real create to first exec through the
 	// provider, for the share of the provider's own work.
 	createFirstExec := func() (time.Duration, error) {
@@ -186,7 +186,7 @@ func stepsBench(b *testing.B, rt string, edit func(*specs.Spec)) {
 			return nil, 0, err
 		}
 		var d time.Duration
-		if real {
+		if unedited {
 			d, err = createFirstExec()
 		}
 		return t, d, err
@@ -205,7 +205,7 @@ func stepsBench(b *testing.B, rt string, edit func(*specs.Spec)) {
 			steps[k] = append(steps[k], d)
 		}
 		total.add(t.last.Sub(t.start))
-		if real {
+		if unedited {
 			creates.add(d)
 		}
 	}
@@ -214,7 +214,7 @@ func stepsBench(b *testing.B, rt string, edit func(*specs.Spec)) {
 	}
 	b.ReportMetric(float64(total.percentile(0.5).Nanoseconds()), "total-p50-ns")
 	b.ReportMetric(float64(total.percentile(0.99).Nanoseconds()), "total-p99-ns")
-	if real {
+	if unedited {
 		b.ReportMetric(float64(creates.percentile(0.5).Nanoseconds()), "create-p50-ns")
 		remapped, err := lb.remapped()
 		if err != nil {

@@ -91,7 +91,7 @@ func TestPlot(t *testing.T) {
 	ts, grow := series(60, func(i int) float64 { return 50 + float64(i) })
 	_, flat := series(60, func(int) float64 { return 100 })
 	flat[30] = math.NaN()
-	_, fds := series(60, func(i int) float64 { return 20 })
+	_, fds := series(60, func(_ int) float64 { return 20 })
 	panels := []panel{
 		{title: "RSS (MIB)", y: grow, v: judge("rss", ts, grow, ruleRSS)},
 		{title: "GOROUTINES", y: flat, v: judge("goroutines", ts, flat, ruleGoroutines)},

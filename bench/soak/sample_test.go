@@ -118,7 +118,7 @@ func TestProberUnix(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: metricsServer(t)}
-	go srv.Serve(ln)
+	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 	m, err := newProber("unix:"+sock, "tok", os.Getpid()).scrape(context.Background(), "go_goroutines")
 	if err != nil || m["go_goroutines"] != 42 {

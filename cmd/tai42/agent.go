@@ -20,7 +20,7 @@ func (c *cli) agentCmd() *cobra.Command {
 		Short:  "Run the in-sandbox agent (PID 1 of a sandbox; started by the container provider)",
 		Hidden: true,
 		Args:   cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(_ *cobra.Command, _ []string) error {
 			if workspace != "" {
 				if err := os.Chdir(workspace); err != nil {
 					return &exitError{code: exitFailure, err: fmt.Errorf("agent: the workspace: %w", err)}

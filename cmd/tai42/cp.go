@@ -40,7 +40,7 @@ A LOCAL path with a ':' before any '/' reads as ID:PATH: write it as
   tar czf - src | tai42 cp - "$id":src.tgz
   tai42 cp "$id":log.txt - | tail`,
 		Args: exactArgs(2, "cp: name a source and a destination, one of them ID:PATH, e.g. tai42 cp ./f.txt ID:f.txt"),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: func(_ *cobra.Command, args []string) error {
 			srcID, srcPath, srcRemote := splitRemote(args[0])
 			dstID, dstPath, dstRemote := splitRemote(args[1])
 			switch {

@@ -346,7 +346,7 @@ func (c *crashRun) start() error {
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
-			d.stderr.Write([]byte(sc.Text() + "\n"))
+			_, _ = d.stderr.Write([]byte(sc.Text() + "\n"))
 			if m := listeningRE.FindStringSubmatch(sc.Text()); m != nil {
 				select {
 				case addr <- m[1]:

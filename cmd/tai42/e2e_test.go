@@ -194,7 +194,7 @@ func startDaemonProc(t *testing.T, bin string, env []string, args ...string) *da
 	go func() {
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
-			d.stderr.Write([]byte(sc.Text() + "\n"))
+			_, _ = d.stderr.Write([]byte(sc.Text() + "\n"))
 			if m := listeningRE.FindStringSubmatch(sc.Text()); m != nil {
 				lines <- m[1]
 			}

@@ -40,7 +40,7 @@ func providerOf(sb sandbox.Sandbox) kit.Provider {
 // enforced is what the served provider enforces beyond the policy, as GET
 // /v1/policy reports it: a provider that does not fence egress (the host
 // runner) or cap disks says so with Enforced false.
-func enforced(sb sandbox.Sandbox, cfg serveConfig) (*api.EgressFences, *api.DiskCap) {
+func enforced(sb sandbox.Sandbox) (*api.EgressFences, *api.DiskCap) {
 	fences := &api.EgressFences{Refused: []string{}, Allow: []string{}, Deny: []string{}, AllowDomains: []string{}, Upstreams: []string{}}
 	disk := &api.DiskCap{}
 	p := providerOf(sb)
@@ -190,7 +190,7 @@ func reloadFences(log *slog.Logger, was serveConfig, sb sandbox.Sandbox, srv *se
 		log.Error("reload refused: the egress fences are unchanged", "err", err)
 		return
 	}
-	fences, _ := enforced(sb, cfg)
+	fences, _ := enforced(sb)
 	srv.SetEgressFences(fences)
 	log.Info("reload: the egress fences changed, for running sessions too")
 	logFences(log, fences, &api.DiskCap{})

@@ -193,7 +193,7 @@ func (c *cli) serve(cfg serveConfig) error {
 		log.Warn("the token is short: anyone who can reach the daemon may guess it; use 32 random bytes (the generated token) or more", "length", len(token))
 	}
 
-	fences, disk := enforced(sb, cfg)
+	fences, disk := enforced(sb)
 	logFences(log, fences, disk)
 	reg := prometheus.NewRegistry()
 	if err := registerEgressMetrics(reg, sb); err != nil {

@@ -290,7 +290,7 @@ func (h *hashingOutput) out(stream int, b []byte) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.h[stream].n += int64(len(b))
-	h.h[stream].sum.Write(b)
+	_, _ = h.h[stream].sum.Write(b)
 	return true
 }
 
@@ -361,7 +361,7 @@ func TestBackPressure(t *testing.T) {
 			var n int64
 			for line := range strings.Lines(string(b)) {
 				if v, ok := strings.CutPrefix(line, "wchar: "); ok {
-					fmt.Sscan(v, &n)
+					_, _ = fmt.Sscan(v, &n)
 				}
 			}
 			return n
@@ -391,7 +391,7 @@ func TestOutputLimit(t *testing.T) {
 	a := startAgent(t)
 	var got atomic.Int64
 	var calls atomic.Int64
-	out := func(stream int, b []byte) bool {
+	out := func(_ int, b []byte) bool {
 		calls.Add(1)
 		return got.Add(int64(len(b))) <= 1<<20
 	}
@@ -422,7 +422,7 @@ func TestKillStopAndDrain(t *testing.T) {
 		gate := make(chan struct{})
 		var got atomic.Int64
 		first := true
-		out := func(stream int, b []byte) bool {
+		out := func(_ int, b []byte) bool {
 			if first {
 				first = false
 				<-gate

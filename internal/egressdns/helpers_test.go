@@ -87,7 +87,7 @@ func newUpstream(t testing.TB, truncUDP bool) *upstream {
 		once.Do(func() {
 			u.unblock()
 			for _, srv := range srvs {
-				srv.Shutdown()
+				_ = srv.Shutdown()
 			}
 			wg.Wait()
 		})
@@ -145,7 +145,7 @@ func (u *upstream) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 			m.Truncated = true
 		}
 	}
-	w.WriteMsg(m)
+	_ = w.WriteMsg(m)
 }
 
 // queries returns what the upstream saw for name ("" for all).

@@ -361,13 +361,13 @@ func ptraceAttach(arg string) result {
 			if unix.PtraceInterrupt(pid) == nil {
 				waitStop(pid)
 			}
-			unix.PtraceDetach(pid)
+			_ = unix.PtraceDetach(pid)
 		}
 		a.add("PTRACE_SEIZE", err)
 		err = unix.PtraceAttach(pid)
 		if err == nil {
 			waitStop(pid)
-			unix.PtraceDetach(pid)
+			_ = unix.PtraceDetach(pid)
 		}
 		a.add("PTRACE_ATTACH", err)
 	}()
@@ -427,7 +427,7 @@ func runNop(attr *syscall.SysProcAttr) error {
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	cmd.Wait()
+	_ = cmd.Wait()
 	return nil
 }
 
@@ -467,7 +467,7 @@ func mountAll(string) result {
 	try := func(name, source, fstype string, flags uintptr) {
 		err := unix.Mount(source, dir, fstype, flags, "")
 		if err == nil {
-			unix.Unmount(dir, unix.MNT_DETACH)
+			_ = unix.Unmount(dir, unix.MNT_DETACH)
 		}
 		a.add(name, err)
 	}
@@ -526,7 +526,7 @@ func listen(addr string) result {
 			return
 		}
 		defer c.Close()
-		c.SetDeadline(time.Now().Add(dialTimeout))
+		_ = c.SetDeadline(time.Now().Add(dialTimeout))
 		_, err = c.Write([]byte{'x'})
 		accepted <- err
 	}()
@@ -535,7 +535,7 @@ func listen(addr string) result {
 		return single(err, "listening on "+bound+"; connecting to it failed")
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(dialTimeout))
+	_ = c.SetDeadline(time.Now().Add(dialTimeout))
 	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
 		return single(err, "listening on "+bound+"; no byte came back")
 	}
@@ -808,7 +808,7 @@ func personality(arg string) result {
 	}
 	_, _, errno = unix.Syscall(unix.SYS_PERSONALITY, uintptr(v), 0, 0)
 	if errno == 0 {
-		unix.Syscall(unix.SYS_PERSONALITY, old, 0, 0)
+		_, _, _ = unix.Syscall(unix.SYS_PERSONALITY, old, 0, 0)
 	}
 	return single(errnoErr(errno), fmt.Sprintf("personality 0x%x (was 0x%x)", v, old))
 }

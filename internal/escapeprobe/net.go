@@ -52,7 +52,7 @@ func udpEcho(addr string) result {
 	if _, err := c.Write([]byte(token)); err != nil {
 		return single(err, took(time.Since(start)))
 	}
-	c.SetReadDeadline(time.Now().Add(dialTimeout))
+	_ = c.SetReadDeadline(time.Now().Add(dialTimeout))
 	buf := make([]byte, 512)
 	for {
 		n, err := c.Read(buf)
@@ -85,7 +85,7 @@ func ping(addr string) result {
 		return single(err, took(time.Since(start)))
 	}
 	tv := unix.NsecToTimeval(dialTimeout.Nanoseconds())
-	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 	buf := make([]byte, 512)
 	for {
 		n, _, err := unix.Recvfrom(fd, buf, 0)
@@ -183,7 +183,7 @@ func download(addr string) result {
 		return single(err, took(time.Since(start)))
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(2 * time.Minute))
+	_ = c.SetDeadline(time.Now().Add(2 * time.Minute))
 	n, err := io.CopyBuffer(io.Discard, c, make([]byte, 256<<10))
 	return single(err, fmt.Sprintf("bytes=%d %s", n, took(time.Since(start))))
 }
@@ -239,7 +239,7 @@ func nfSocket() (int, error) {
 		return -1, err
 	}
 	tv := unix.NsecToTimeval(dialTimeout.Nanoseconds())
-	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		unix.Close(fd)
 		return -1, err
@@ -375,13 +375,13 @@ func routing(string) result {
 	route := &netlink.Route{Dst: testNet, LinkIndex: eth0.Attrs().Index}
 	err = netlink.RouteAdd(route)
 	if err == nil {
-		netlink.RouteDel(route)
+		_ = netlink.RouteDel(route)
 	}
 	a.add("route-add", err)
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(192, 0, 2, 1).To4(), Mask: net.CIDRMask(32, 32)}}
 	err = netlink.AddrAdd(eth0, addr)
 	if err == nil {
-		netlink.AddrDel(eth0, addr)
+		_ = netlink.AddrDel(eth0, addr)
 	}
 	a.add("addr-add", err)
 	rule := netlink.NewRule()
@@ -389,7 +389,7 @@ func routing(string) result {
 	rule.Table = 100
 	err = netlink.RuleAdd(rule)
 	if err == nil {
-		netlink.RuleDel(rule)
+		_ = netlink.RuleDel(rule)
 	}
 	a.add("rule-add", err)
 	// Setting the link up again, as it is: what a session needs to

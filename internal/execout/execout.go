@@ -104,9 +104,9 @@ type Stream struct {
 
 var _ Sink = (*Stream)(nil)
 
-// NewStream returns a stream that queues up to max bytes.
-func NewStream(max int) *Stream {
-	s := &Stream{max: max, notify: make(chan struct{}, 1)}
+// NewStream returns a stream that queues up to limit bytes.
+func NewStream(limit int) *Stream {
+	s := &Stream{max: limit, notify: make(chan struct{}, 1)}
 	s.space = sync.NewCond(&s.mu)
 	return s
 }
@@ -200,8 +200,8 @@ func (s *Stream) Next(ctx context.Context) (sandbox.StreamItem, error) {
 
 // Done returns a stream already finished with a command that could not be
 // started: its message on stderr, then its exit code (126 or 127).
-func Done(max int, code int, message string) *Stream {
-	st := NewStream(max)
+func Done(limit int, code int, message string) *Stream {
+	st := NewStream(limit)
 	exit := &sandbox.StreamExit{ExitCode: code}
 	st.Write(1, []byte(message))
 	st.Finish(exit, nil, exit)

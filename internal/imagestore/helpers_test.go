@@ -203,7 +203,7 @@ func gzipFile(t testing.TB, file string) string {
 	}
 	var buf bytes.Buffer
 	zw := gzip.NewWriter(&buf)
-	zw.Write(b)
+	_, _ = zw.Write(b)
 	zw.Close()
 	out := file + ".gz"
 	if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {

@@ -253,17 +253,17 @@ func planHost(hostRoot, selfDir string) (*hostPlan, error) {
 		}
 		for _, src := range m {
 			rel, _ := filepath.Rel(hostRoot, src)
-			real, err := filepath.EvalSymlinks(src)
+			resolved, err := filepath.EvalSymlinks(src)
 			if err != nil {
 				continue
 			}
-			fi, err := os.Stat(real)
-			if err != nil || !fi.IsDir() || under(real, hostForbidden) {
+			fi, err := os.Stat(resolved)
+			if err != nil || !fi.IsDir() || under(resolved, hostForbidden) {
 				continue
 			}
 			p.mounts = append(p.mounts, rel)
-			p.binds = append(p.binds, Bind{Source: real, Dest: "/" + filepath.ToSlash(rel)})
-			fmt.Fprintf(h, "bind %q %q\n", rel, real)
+			p.binds = append(p.binds, Bind{Source: resolved, Dest: "/" + filepath.ToSlash(rel)})
+			fmt.Fprintf(h, "bind %q %q\n", rel, resolved)
 		}
 	}
 
@@ -286,14 +286,14 @@ func planHost(hostRoot, selfDir string) (*hostPlan, error) {
 				stamp("link", rel, fi, t)
 				continue
 			}
-			real, err := filepath.EvalSymlinks(src)
+			resolved, err := filepath.EvalSymlinks(src)
 			if err != nil {
 				continue // dangling: programs do without it on the host too
 			}
-			if fi, err = os.Stat(real); err != nil || under(real, hostHomes) {
+			if fi, err = os.Stat(resolved); err != nil || under(resolved, hostHomes) {
 				continue
 			}
-			src = real
+			src = resolved
 		}
 		if !fi.Mode().IsRegular() {
 			continue

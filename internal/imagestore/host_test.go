@@ -187,13 +187,13 @@ func checkSkeleton(t *testing.T, hostRoot string, h HostImage) {
 				continue
 			}
 			rel, _ := filepath.Rel(hostRoot, p)
-			real, _ := filepath.EvalSymlinks(p)
-			realRel, _ := filepath.Rel(hostRoot, real)
+			resolved, _ := filepath.EvalSymlinks(p)
+			realRel, _ := filepath.Rel(hostRoot, resolved)
 			_, ok := bound["/"+rel]
 			switch {
 			case slices.ContainsFunc(hostForbidden, func(f string) bool { return strings.HasPrefix("/"+realRel+"/", f+"/") }):
 				if ok {
-					t.Errorf("the host's /%s, which leads to %s, is bound", rel, real)
+					t.Errorf("the host's /%s, which leads to %s, is bound", rel, resolved)
 				}
 			case !ok:
 				t.Errorf("the host's /%s is not bound", rel)
@@ -226,7 +226,7 @@ func fakeHost(t *testing.T) string {
 	}
 	link := func(rel, target string) {
 		p := filepath.Join(root, rel)
-		os.MkdirAll(filepath.Dir(p), 0o755)
+		_ = os.MkdirAll(filepath.Dir(p), 0o755)
 		if err := os.Symlink(target, p); err != nil {
 			t.Fatal(err)
 		}
@@ -292,7 +292,7 @@ func TestBuildHostFake(t *testing.T) {
 		t.Errorf("etc/fonts, a symlink into /home: %v", err)
 	}
 	// No byte of a secret anywhere.
-	filepath.WalkDir(h.Rootfs, func(p string, d fs.DirEntry, err error) error {
+	_ = filepath.WalkDir(h.Rootfs, func(p string, d fs.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() {
 			if b, _ := os.ReadFile(p); bytes.Contains(b, []byte("SECRET")) || bytes.Contains(b, []byte("KEY")) || bytes.Contains(b, []byte("token")) {
 				t.Errorf("%s holds a secret", p)

@@ -154,8 +154,8 @@ func TestNameSpellings(t *testing.T) {
 	if _, err := s.Get("Bad Name"); !errors.Is(err, ErrInvalidName) {
 		t.Errorf("Get of an invalid name: %v", err)
 	}
-	importErr(t, s, dir, "host", ErrInvalidName)
-	importErr(t, s, dir, "UPPER", ErrInvalidName)
+	_ = importErr(t, s, dir, "host", ErrInvalidName)
+	_ = importErr(t, s, dir, "UPPER", ErrInvalidName)
 }
 
 func TestSeveralImages(t *testing.T) {
@@ -192,7 +192,7 @@ func TestSeveralImages(t *testing.T) {
 	if err := tarball.MultiWriteToFile(file, map[name.Tag]v1.Image{ta: a, tb: b}); err != nil {
 		t.Fatal(err)
 	}
-	importErr(t, s, file, "", ErrNeedName)
+	_ = importErr(t, s, file, "", ErrNeedName)
 	img = mustImport(t, s, file, "tools/a:1")
 	if !slices.Equal(img.Env, []string{"WHO=a"}) {
 		t.Errorf("selected %+v", img)
@@ -288,7 +288,7 @@ func helperProcess() {
 		os.Exit(1)
 	}
 	fmt.Println("acquired")
-	io.Copy(io.Discard, os.Stdin)
+	_, _ = io.Copy(io.Discard, os.Stdin)
 	release()
 	os.Exit(0)
 }
@@ -312,8 +312,8 @@ func TestAcquireAcrossProcesses(t *testing.T) {
 	t.Cleanup(func() {
 		stdin.Close()
 		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
 		}
 	})
 	line, _ := bufio.NewReader(stdout).ReadString('\n')
@@ -337,13 +337,13 @@ func TestBadFiles(t *testing.T) {
 	s := openStore(t)
 	tmp := t.TempDir()
 	garbage := filepath.Join(tmp, "garbage.bin")
-	os.WriteFile(garbage, bytes.Repeat([]byte("not a tar "), 100), 0o644)
+	_ = os.WriteFile(garbage, bytes.Repeat([]byte("not a tar "), 100), 0o644)
 	plainTar := filepath.Join(tmp, "plain.tar")
-	os.WriteFile(plainTar, mkTar(t, tent{name: "hello.txt", data: "hi"}), 0o644)
+	_ = os.WriteFile(plainTar, mkTar(t, tent{name: "hello.txt", data: "hi"}), 0o644)
 	emptyDir := filepath.Join(tmp, "empty")
-	os.Mkdir(emptyDir, 0o755)
+	_ = os.Mkdir(emptyDir, 0o755)
 	badGzip := filepath.Join(tmp, "bad.gz")
-	os.WriteFile(badGzip, []byte{0x1f, 0x8b, 1, 2, 3}, 0o644)
+	_ = os.WriteFile(badGzip, []byte{0x1f, 0x8b, 1, 2, 3}, 0o644)
 	fifo := filepath.Join(tmp, "fifo")
 	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
 		t.Fatal(err)
@@ -480,11 +480,11 @@ func TestOpenRefusesOverlaySeparators(t *testing.T) {
 // unreferenced image directory left.
 func TestOpenSweeps(t *testing.T) {
 	s := openStore(t)
-	os.MkdirAll(filepath.Join(s.dir, tmpDirName, "import-crashed", rootfsDir), 0o755)
-	os.WriteFile(filepath.Join(s.dir, tmpDirName, "import-crashed", imageLockFile), nil, 0o600)
+	_ = os.MkdirAll(filepath.Join(s.dir, tmpDirName, "import-crashed", rootfsDir), 0o755)
+	_ = os.WriteFile(filepath.Join(s.dir, tmpDirName, "import-crashed", imageLockFile), nil, 0o600)
 	orphan := "sha256-" + strings.Repeat("ab", 32) + "-0123456789abcdef"
-	os.MkdirAll(filepath.Join(s.dir, orphan, rootfsDir), 0o755)
-	os.MkdirAll(filepath.Join(s.dir, trashDirName, "half-deleted"), 0o755)
+	_ = os.MkdirAll(filepath.Join(s.dir, orphan, rootfsDir), 0o755)
+	_ = os.MkdirAll(filepath.Join(s.dir, trashDirName, "half-deleted"), 0o755)
 	if _, err := Open(s.dir); err != nil {
 		t.Fatal(err)
 	}
@@ -549,25 +549,25 @@ func TestNoFDLeak(t *testing.T) {
 		t.Fatal(err)
 	}
 	garbage := filepath.Join(t.TempDir(), "garbage")
-	os.WriteFile(garbage, []byte("garbage"), 0o644)
+	_ = os.WriteFile(garbage, []byte("garbage"), 0o644)
 	hostile := layoutOf(t, "bad", mkTar(t, tent{name: "h", typ: tar.TypeLink, linkname: "/etc/passwd"}))
 
 	before := openFDs(t)
 	mustImport(t, s, oci, "")
 	mustImport(t, s, gzipFile(t, saved), "")
 	mustImport(t, s, tarDir(t, oci, false), "tool:2")
-	s.Import(context.Background(), garbage, "x")
-	s.Import(context.Background(), hostile, "")
+	_, _ = s.Import(context.Background(), garbage, "x")
+	_, _ = s.Import(context.Background(), hostile, "")
 	_, release, err := s.Acquire("tool")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Remove("tool")
+	_ = s.Remove("tool")
 	release()
-	s.List()
-	s.Get("saved:1")
+	_, _ = s.List()
+	_, _ = s.Get("saved:1")
 	for _, n := range []string{"tool", "saved:1", "tool:2"} {
-		s.Remove(n)
+		_ = s.Remove(n)
 	}
 	if after := openFDs(t); len(after) > len(before) {
 		t.Errorf("file descriptors leaked:\nbefore %v\nafter  %v", before, after)

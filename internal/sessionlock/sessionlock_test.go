@@ -97,7 +97,7 @@ func TestOtherProcess(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "held\n" {
 		t.Fatalf("the helper said %q (%v)", line, err)
 	}
@@ -108,8 +108,8 @@ func TestOtherProcess(t *testing.T) {
 	if _, err := d.Hold("sb-child"); !errors.Is(err, sessionlock.ErrHeld) {
 		t.Fatalf("hold of a lock a live process holds: %v; want ErrHeld", err)
 	}
-	cmd.Process.Kill()
-	cmd.Wait()
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
 	l, err := d.Hold("sb-child")
 	if err != nil {
 		t.Fatalf("hold after the holder was killed: %v", err)

@@ -250,15 +250,15 @@ func TestFencesDomainFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	c.Write([]byte("echo-1"))
-	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	_, _ = c.Write([]byte("echo-1"))
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
 	if _, err := c.Read(make([]byte, 16)); err != nil {
 		t.Fatalf("UDP to the allowed public host: %v", err)
 	}
 	time.Sleep(time.Until(added.Add(ttl + 500*time.Millisecond)))
 	refusedFast(t, "egress -> public, after its time", e.Path(), pub.TCP.Addr)
-	c.Write([]byte("echo-2"))
-	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	_, _ = c.Write([]byte("echo-2"))
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
 	if _, err := c.Read(make([]byte, 16)); err != nil {
 		t.Errorf("UDP on the connection made while allowed, after the address's time: %v", err)
 	}

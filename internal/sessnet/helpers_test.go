@@ -618,7 +618,7 @@ func udpRoundTrip(t testing.TB, nsPath string, to netip.AddrPort, wait time.Dura
 	if _, err := c.Write([]byte(token)); err != nil {
 		return "", err
 	}
-	c.SetReadDeadline(time.Now().Add(wait))
+	_ = c.SetReadDeadline(time.Now().Add(wait))
 	buf := make([]byte, 64)
 	n, err := c.Read(buf)
 	if err != nil {

@@ -679,7 +679,7 @@ func (m *Manager) release() {
 	m.nflog = nil
 	m.fastMu.Lock()
 	if m.fast != nil {
-		m.fast.CloseLasting()
+		_ = m.fast.CloseLasting()
 		m.fast = nil
 	}
 	if m.setConn != nil {
@@ -694,7 +694,7 @@ func (m *Manager) release() {
 		m.host.Close()
 	}
 	if m.nft != nil {
-		m.nft.CloseLasting()
+		_ = m.nft.CloseLasting()
 	}
 }
 

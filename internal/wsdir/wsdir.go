@@ -91,7 +91,7 @@ func (s Store) List(ctx context.Context) ([]sandbox.WorkspaceInfo, error) {
 // size sums the regular files below dir in fsys (Lstat'ed, never followed).
 func (s Store) size(ctx context.Context, fsys fs.FS, dir string) (int64, error) {
 	var total int64
-	err := fs.WalkDir(fsys, dir, func(p string, d fs.DirEntry, err error) error {
+	err := fs.WalkDir(fsys, dir, func(_ string, d fs.DirEntry, err error) error {
 		if cerr := ctx.Err(); cerr != nil {
 			return cerr
 		}

@@ -37,9 +37,9 @@ func mkdir(t *testing.T, path string) {
 // t.TempDir's own removal works whatever a test left.
 func chmodBack(t *testing.T, dir string) {
 	t.Cleanup(func() {
-		filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, _ error) error {
 			if d != nil && d.IsDir() {
-				os.Chmod(p, 0o700)
+				_ = os.Chmod(p, 0o700)
 			}
 			return nil
 		})

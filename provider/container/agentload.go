@@ -186,11 +186,11 @@ func (r *resolver) find(name string, obj *elf.File, file string) (string, error)
 			passed = append(passed, fmt.Sprintf("%s (%v)", cand, err))
 			continue
 		}
-		real, err := filepath.EvalSymlinks(cand)
+		resolved, err := filepath.EvalSymlinks(cand)
 		if err != nil {
 			return "", fmt.Errorf("the library %s: %w", cand, err)
 		}
-		return real, nil
+		return resolved, nil
 	}
 	msg := fmt.Sprintf("the library %s, which %s needs, is not found in %s", name, file, strings.Join(slices.Compact(dirs), ":"))
 	if len(passed) > 0 {
@@ -224,8 +224,8 @@ func dynPaths(obj *elf.File, tag elf.DynTag, file string) []string {
 		return nil
 	}
 	origin := ""
-	if real, err := filepath.EvalSymlinks(file); err == nil {
-		origin = filepath.Dir(real)
+	if resolved, err := filepath.EvalSymlinks(file); err == nil {
+		origin = filepath.Dir(resolved)
 	}
 	var dirs []string
 	for _, v := range vals {

@@ -510,7 +510,7 @@ func (p *provider) Abandon() {
 		if p.userns != nil {
 			p.userns.Close()
 		}
-		p.closeEgress()
+		_ = p.closeEgress()
 		if p.net != nil && p.ownNet {
 			p.net.Abandon()
 		}

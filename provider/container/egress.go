@@ -116,7 +116,7 @@ func (p *provider) SetEgressFences(allow, deny []netip.Prefix, domains []string)
 		// Back to the old fences, as far as they had changed.
 		p.opFences = old
 		if hasDNS {
-			p.egress.dns.SetAllow(old.domains)
+			_ = p.egress.dns.SetAllow(old.domains)
 		}
 		return fmt.Errorf("container: changing the egress fences: %w", err)
 	}

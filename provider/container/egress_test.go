@@ -27,9 +27,9 @@ const (
 // long an address stays reachable after an answer with the providers'
 // EgressAllowMinTTL and EgressAllowGrace of these tests.
 const (
-	dnsTTL   = 1
-	allowFor = dnsTTL*time.Second + allowGrace
-	allowMin = time.Millisecond
+	dnsTTL      = 1
+	allowFor    = dnsTTL*time.Second + allowGrace
+	allowMinTTL = time.Millisecond
 	// allowGrace lets a probe connect after the lookup it made: the exec
 	// starting it is not part of the time an address is allowed for.
 	allowGrace = 500 * time.Millisecond
@@ -58,7 +58,7 @@ func newEgressSetup(t *testing.T, rt string, domains []string) *egressSetup {
 	e.dns = up.ServeDNS(t, up.RouterAddr, dnsTTL, map[string]netip.Addr{allowedName: e.allowed.Addr, deniedName: e.denied.Addr})
 	opts.EgressDNS = []netip.AddrPort{e.dns.Addr}
 	opts.EgressAllowDomains = domains
-	opts.EgressAllowMinTTL, opts.EgressAllowGrace = allowMin, allowGrace
+	opts.EgressAllowMinTTL, opts.EgressAllowGrace = allowMinTTL, allowGrace
 	e.opts = opts
 	return e
 }

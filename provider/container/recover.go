@@ -495,8 +495,8 @@ func isMounted(set map[string]bool, path string) bool {
 	if set[path] {
 		return true
 	}
-	real, err := filepath.EvalSymlinks(path)
-	return err == nil && set[real]
+	resolved, err := filepath.EvalSymlinks(path)
+	return err == nil && set[resolved]
 }
 
 // mountPoints reads the mount points of a mountinfo file, as a set.

@@ -727,7 +727,7 @@ func TestRecoverRefuses(t *testing.T) {
 	if res, err := p.Create(ctxFor(t), kit.CreateRequest{ID: "before-recover", Spec: sp}); err == nil || !strings.Contains(err.Error(), "Recover") {
 		t.Errorf("Create before Recover: %v, want an error saying so", err)
 		if res != nil {
-			res.Destroy(context.Background())
+			_ = res.Destroy(context.Background())
 		}
 	}
 	good := json.RawMessage(`{"v":1,"runtime":"runc","remap":false}`)

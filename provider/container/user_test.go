@@ -75,7 +75,7 @@ func TestExecStartUser(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer h.Kill(ctxFor(t))
+		defer func() { _ = h.Kill(ctxFor(t)) }()
 		var out strings.Builder
 		for {
 			it, err := h.Next(ctxFor(t))

@@ -276,7 +276,7 @@ func (p *provider) probeRemappedRoot(userns *os.File) error {
 		if err := mountIDMapped(p.host.Rootfs, lower, userns); err != nil {
 			return err
 		}
-		defer unmount(lower)
+		defer func() { _ = unmount(lower) }()
 		rootfs := filepath.Join(dir, "rootfs")
 		if err := mountOverlay(lower, filepath.Join(dir, "upper"), filepath.Join(dir, "work"), rootfs); err != nil {
 			return fmt.Errorf("an overlay on an idmapped lower layer: %w", err)

@@ -187,7 +187,7 @@ func waitGone(t *testing.T, pid int, what string) {
 	for alive(pid) {
 		if time.Now().After(deadline) {
 			t.Errorf("%s: process %d still runs", what, pid)
-			syscall.Kill(pid, syscall.SIGKILL) // end it: it is ours
+			_ = syscall.Kill(pid, syscall.SIGKILL) // end it: it is ours
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -340,7 +340,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 	if err == nil || strings.Contains(err.Error(), secret) {
 		t.Errorf("the timeout error must come and carry no output: %v", err)
 	}
-	s.Destroy(context.Background())
+	_ = s.Destroy(context.Background())
 	mu.Lock()
 	defer mu.Unlock()
 	if buf.Len() == 0 {
@@ -397,7 +397,7 @@ func TestPersistentWorkspaceOnDisk(t *testing.T) {
 	if s.WorkspacePath() != filepath.Join(state, "host", "workspaces", "proj") {
 		t.Errorf("workspace path %s", s.WorkspacePath())
 	}
-	s.Destroy(context.Background())
+	_ = s.Destroy(context.Background())
 	if b, err := os.ReadFile(filepath.Join(state, "host", "workspaces", "proj", "keep.txt")); err != nil || string(b) != "kept" {
 		t.Errorf("the persistent file is gone after destroy: %q %v", b, err)
 	}
@@ -485,7 +485,7 @@ func TestExitedBeforeOutputRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Kill(ctx)
+	defer func() { _ = h.Kill(ctx) }()
 	w, ok := h.(sandbox.ExitWatcher)
 	if !ok {
 		t.Fatalf("the host's handle (%T) does not implement sandbox.ExitWatcher", h)

@@ -154,7 +154,7 @@ func (p *provider) reattach(ctx context.Context, k kit.Kept, lock *sessionlock.L
 	r := &resources{p: p, id: k.ID, spec: k.Spec, procs: make(map[*proc]struct{})}
 	defer func() {
 		if err != nil {
-			r.cleanup()
+			_ = r.cleanup()
 		} else {
 			r.lock = lock
 		}

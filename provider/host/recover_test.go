@@ -131,21 +131,21 @@ func TestRecoverAfterKill(t *testing.T) {
 	var st crashState
 	line, err := bufio.NewReader(out).ReadString('\n')
 	if err != nil || json.Unmarshal([]byte(line), &st) != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
 		t.Fatalf("the helper said %q (%v)", line, err)
 	}
 	t.Cleanup(func() {
 		for _, pid := range st.Pids {
 			if alive(pid) {
-				syscall.Kill(pid, syscall.SIGKILL)
+				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
 		}
 	})
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	cmd.Wait()
+	_ = cmd.Wait()
 	for _, pid := range st.Pids {
 		if !alive(pid) {
 			t.Fatalf("process %d ended with the runner; the test needs it to outlive it", pid)

@@ -51,7 +51,7 @@ func (u *Upstream) ServeDNS(t testing.TB, addr netip.Addr, ttl uint32, records m
 		r.Authoritative = true
 		if len(q.Question) != 1 {
 			r.Rcode = dns.RcodeFormatError
-			w.WriteMsg(r)
+			_ = w.WriteMsg(r)
 			return
 		}
 		qn := q.Question[0]
@@ -65,7 +65,7 @@ func (u *Upstream) ServeDNS(t testing.TB, addr netip.Addr, ttl uint32, records m
 				A:   a.AsSlice(),
 			})
 		}
-		w.WriteMsg(r)
+		_ = w.WriteMsg(r)
 	})
 	pc := u.ListenPacket(t, "udp4", d.Addr)
 	ln := u.Listen(t, "tcp4", d.Addr)
@@ -80,7 +80,7 @@ func (u *Upstream) ServeDNS(t testing.TB, addr netip.Addr, ttl uint32, records m
 			t.Fatalf("the test DNS server on %s: %v", d.Addr, err)
 		}
 		t.Cleanup(func() {
-			srv.Shutdown()
+			_ = srv.Shutdown()
 			<-done
 		})
 	}

@@ -190,7 +190,7 @@ func Serve(t testing.TB, ln net.Listener) *Server {
 			s.mu.Unlock()
 			s.wg.Go(func() {
 				defer c.Close()
-				c.SetDeadline(time.Now().Add(5 * time.Second))
+				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 				fmt.Fprintf(c, "%s\n", from)
 			})
 		}
@@ -240,7 +240,7 @@ func Echo(t testing.TB, pc net.PacketConn) netip.AddrPort {
 			if err != nil {
 				return
 			}
-			pc.WriteTo(buf[:n], from)
+			_, _ = pc.WriteTo(buf[:n], from)
 		}
 	})
 	t.Cleanup(func() {
@@ -258,7 +258,7 @@ func Dial(to netip.AddrPort, timeout time.Duration) (netip.Addr, error) {
 		return netip.Addr{}, err
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	line, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("connected, but reading the answer: %w", err)

@@ -229,7 +229,7 @@ func Ping(ns *os.File, dst netip.Addr, wait time.Duration) (replied, unreachable
 			return false, false, nil
 		}
 		tv := unix.NsecToTimeval(left.Nanoseconds())
-		unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 		n, _, err := unix.Recvfrom(fd, buf, 0)
 		if err != nil {
 			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {

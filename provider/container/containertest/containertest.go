@@ -55,7 +55,7 @@ func Main(m *testing.M) {
 		}
 		env.dir = dir
 		defer os.RemoveAll(dir)
-		defer escapeprobetest.Cleanup() // the escape probe, where a test built it
+		defer func() { _ = escapeprobetest.Cleanup() }() // the escape probe, where a test built it
 		if err := prepare(dir); err != nil {
 			env.skip = err.Error()
 		}

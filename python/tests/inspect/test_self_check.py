@@ -40,7 +40,7 @@ ROOT = {
 }
 
 # The host runner shares the host's filesystem: the daemon refuses a file
-# path or a cwd outside the session's workspace (DESIGN.md §3).
+# path or a cwd outside the session's workspace (docs/contract.md, "Paths").
 OUTSIDE = (
     "the host runner refuses a path outside the workspace "
     "(the session shares the host's filesystem)"
