@@ -76,6 +76,7 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/netns"
 	"github.com/tai42/sandbox/internal/sessionlock"
 	"github.com/tai42/sandbox/kit"
 )
@@ -147,7 +148,7 @@ type provider struct {
 	track    *tracker
 	trackErr error // why sessions' processes are not tracked, or nil
 	hostNet  *os.File
-	netPool  *netnsPool
+	netPool  *netns.Pool
 	devNull  *os.File // stdin of an exec given no input
 	hostPath string   // PATH for execs
 }
@@ -204,7 +205,7 @@ func newProvider(opts Options) (*provider, error) {
 	}
 	p.hostNet, p.netErr = probeNetns()
 	if p.netErr == nil {
-		p.netPool = newNetnsPool(netnsPoolSize)
+		p.netPool = netns.NewPool(netnsPoolSize, netnsOptions)
 	}
 	p.cgroups, p.cgErr = findCgroups()
 	p.track, p.trackErr = findTracker()
@@ -219,7 +220,7 @@ const netnsPoolSize = 2
 // every session is destroyed.
 func (p *provider) Close() error {
 	if p.netPool != nil {
-		p.netPool.close()
+		p.netPool.Close()
 	}
 	if p.hostNet != nil {
 		p.hostNet.Close()
@@ -317,7 +318,7 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 		}
 	}
 	if req.Spec.Network == sandbox.NetworkNone {
-		if r.netns, err = p.netPool.take(); err != nil {
+		if r.netns, err = p.netPool.Take(); err != nil {
 			return nil, fmt.Errorf("network namespace: %w", err)
 		}
 	}

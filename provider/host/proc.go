@@ -150,14 +150,14 @@ func (r *resources) start(op string, req kit.ExecRequest, stdinPipe bool, sk exe
 		attr.Dir = ""
 		err = nsthread.InDir(dir, func() error {
 			if r.netns != nil {
-				if err := r.netns.enter(); err != nil {
+				if err := r.netns.Enter(); err != nil {
 					return err
 				}
 			}
 			return startFn()
 		})
 	case r.netns != nil:
-		err = r.netns.run(r.p.hostNet, startFn)
+		err = r.netns.Run(r.p.hostNet, startFn)
 	default:
 		err = startFn()
 	}

@@ -196,7 +196,7 @@ func (p *provider) reattach(ctx context.Context, k kit.Kept, lock *sessionlock.L
 		if p.netErr != nil {
 			return nil, fmt.Errorf("network \"none\" needs a new network namespace, which this host refuses now: %w", p.netErr)
 		}
-		if r.netns, err = p.netPool.take(); err != nil {
+		if r.netns, err = p.netPool.Take(); err != nil {
 			return nil, fmt.Errorf("network namespace: %w", err)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/netns"
 	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/internal/sessionlock"
 	"github.com/tai42/sandbox/kit"
@@ -30,7 +31,7 @@ type resources struct {
 	removeWS bool
 	root     *os.Root
 	tmp      string
-	netns    *netns
+	netns    *netns.NS
 	cg       *cgroup
 	grp      *group // the tracking cgroup; nil where there is none
 	lock     *sessionlock.Lock
@@ -103,7 +104,7 @@ func (r *resources) cleanup() error {
 	if r.cg != nil {
 		errs = append(errs, r.cg.destroy())
 	}
-	r.netns.close()
+	r.netns.Close()
 	if r.root != nil {
 		r.root.Close()
 	}
