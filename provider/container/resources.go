@@ -21,6 +21,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/agent"
+	"github.com/tai42/sandbox/internal/execout"
 	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/internal/sessionlock"
 	"github.com/tai42/sandbox/internal/sessnet"
@@ -113,7 +114,7 @@ func (r *resources) Destroy(ctx context.Context) error {
 	}
 	r.mu.Unlock()
 	for _, p := range procs {
-		p.end(endDestroy)
+		p.end(execout.EndDestroy)
 	}
 	// Killing the container's PID 1 ends every process in its pid
 	// namespace; the agent's connections end, so do the execs. Deleting a

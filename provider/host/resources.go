@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/execout"
 	"github.com/tai42/sandbox/internal/netns"
 	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/internal/sessionlock"
@@ -81,7 +82,7 @@ func (r *resources) Destroy(context.Context) error {
 	r.mu.Unlock()
 
 	for _, p := range procs {
-		p.end(endDestroy)
+		p.end(execout.EndDestroy)
 	}
 	for pg := range groups {
 		_ = syscall.Kill(-pg, syscall.SIGKILL)
