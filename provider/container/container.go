@@ -560,7 +560,6 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 	r := &resources{
 		p: p, id: req.ID, spec: req.Spec,
 		dir:    filepath.Join(p.sessDir, req.ID),
-		procs:  make(map[*rproc]struct{}),
 		initFD: -1,
 	}
 	defer func() {

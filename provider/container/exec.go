@@ -63,10 +63,10 @@ func (r *resources) environ(env map[string]sandbox.Secret, user string) []string
 // that cannot be started is a result (exit 126 or 127), as the agent
 // reports it.
 func (r *resources) start(ctx context.Context, op string, req kit.ExecRequest, interactive bool, sk execout.Sink) (*rproc, error) {
-	if err := r.beginStart(); err != nil {
-		return nil, err
+	if !r.execs.Admit() {
+		return nil, r.gone()
 	}
-	defer r.starting.Done()
+	defer r.execs.Done()
 	p := &rproc{r: r, sink: sk, timeout: req.Timeout, interactive: interactive, done: make(chan struct{})}
 	if r.spec.MemoryMB > 0 {
 		// Only a session with a memory limit can have an exec killed by
@@ -108,7 +108,7 @@ func (r *resources) start(ctx context.Context, op string, req kit.ExecRequest, i
 		return nil, err
 	}
 	p.ap = ap
-	r.register(p)
+	r.execs.Add(p)
 	p.timer = time.AfterFunc(req.Timeout, p.onTimeout)
 	go p.supervise()
 	return p, nil
@@ -135,7 +135,7 @@ func (p *rproc) onTimeout() {
 // among the session's execs.
 func (p *rproc) release() {
 	p.ap.Close()
-	p.r.unregister(p)
+	p.r.execs.Remove(p)
 }
 
 // setReason records why the exec ends, exited telling whether the command

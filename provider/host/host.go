@@ -283,7 +283,7 @@ func (p *provider) Check(spec sandbox.SessionSpec) error {
 }
 
 func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Resources, err error) {
-	r := &resources{p: p, id: req.ID, spec: req.Spec, procs: make(map[*proc]struct{})}
+	r := &resources{p: p, id: req.ID, spec: req.Spec}
 	defer func() {
 		if err != nil {
 			r.cleanup()

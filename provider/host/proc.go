@@ -62,10 +62,10 @@ type started struct {
 // /dev/null). Errors are *sandbox.SandboxError (or *SessionNotFoundError once
 // the session is closed).
 func (r *resources) start(op string, req kit.ExecRequest, stdinPipe bool, sk execout.Sink) (started, error) {
-	if err := r.beginStart(); err != nil {
-		return started{}, err
+	if !r.execs.Admit() {
+		return started{}, r.gone()
 	}
-	defer r.starting.Done()
+	defer r.execs.Done()
 	fi, err := r.root.Stat(req.Cwd.Rel)
 	switch {
 	case err != nil && oscmd.Missing(err):

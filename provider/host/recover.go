@@ -148,7 +148,7 @@ func (p *provider) reattach(ctx context.Context, k kit.Kept, lock *sessionlock.L
 	if err := validID(k.ID); err != nil {
 		return nil, err
 	}
-	r := &resources{p: p, id: k.ID, spec: k.Spec, procs: make(map[*proc]struct{})}
+	r := &resources{p: p, id: k.ID, spec: k.Spec}
 	defer func() {
 		if err != nil {
 			r.removeWS = false // the caller removes it, once the lock is no longer needed
