@@ -78,6 +78,7 @@ import (
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/netns"
 	"github.com/tai42/sandbox/internal/sessionlock"
+	"github.com/tai42/sandbox/internal/wsdir"
 	"github.com/tai42/sandbox/kit"
 )
 
@@ -137,9 +138,12 @@ func New(opts Options) (*kit.Sandbox, error) {
 }
 
 type provider struct {
-	opts     Options
-	ephDir   string // ephemeral workspaces
-	perDir   string // persistent workspaces, one per key
+	opts   Options
+	ephDir string // ephemeral workspaces
+	// wsdir.Store is the persistent workspaces, one directory per key
+	// under <state>/host/workspaces, and the runner's
+	// kit.WorkspaceStore as it is: Workspaces and RemoveWorkspace.
+	wsdir.Store
 	tmpDir   string // per-session TMPDIR
 	locks    *sessionlock.Dir
 	netErr   error // why network "none" cannot be enforced, or nil
@@ -188,11 +192,11 @@ func newProvider(opts Options) (*provider, error) {
 	p := &provider{
 		opts:     opts,
 		ephDir:   filepath.Join(root, "sessions"),
-		perDir:   filepath.Join(root, "workspaces"),
+		Store:    wsdir.Store{Dir: filepath.Join(root, "workspaces")},
 		tmpDir:   filepath.Join(root, "tmp"),
 		hostPath: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 	}
-	for _, d := range []string{p.ephDir, p.perDir, p.tmpDir} {
+	for _, d := range []string{p.ephDir, p.Store.Dir, p.tmpDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("host: state directory: %w", err)
 		}
@@ -248,7 +252,10 @@ func (p *provider) Name() string                 { return Name }
 func (p *provider) Isolation() sandbox.Isolation { return sandbox.IsolationNone }
 func (p *provider) SharedFilesystem() bool       { return true }
 
-var _ kit.UserRunner = (*provider)(nil)
+var (
+	_ kit.UserRunner     = (*provider)(nil)
+	_ kit.WorkspaceStore = (*provider)(nil)
+)
 
 // RunsExecsAsUsers implements kit.UserRunner (see the package doc's
 // Users).
@@ -294,7 +301,7 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 		return nil, err
 	}
 	if req.Spec.Durability == sandbox.Persistent {
-		r.ws = filepath.Join(p.perDir, req.Spec.WorkspaceKey)
+		r.ws = filepath.Join(p.Store.Dir, req.Spec.WorkspaceKey)
 		if err := os.MkdirAll(r.ws, 0o700); err != nil {
 			return nil, err
 		}

@@ -117,7 +117,7 @@ func (p *provider) Recover(ctx context.Context, keep []kit.Kept) ([]kit.Recovere
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("host: sweeping what an earlier run left: %w", err)
 	}
-	if err := p.removePutTemps(ctx, p.perDir); err != nil {
+	if err := p.removePutTemps(ctx, p.Store.Dir); err != nil {
 		p.log().Warn("host: cannot remove interrupted put_file temporaries from the persistent workspaces", "err", err)
 	}
 	out := make([]kit.Recovered, 0, len(keep))
@@ -158,7 +158,7 @@ func (p *provider) reattach(ctx context.Context, k kit.Kept, lock *sessionlock.L
 		}
 	}()
 	if k.Spec.Durability == sandbox.Persistent {
-		r.ws = filepath.Join(p.perDir, k.Spec.WorkspaceKey)
+		r.ws = filepath.Join(p.Store.Dir, k.Spec.WorkspaceKey)
 	} else {
 		r.ws = filepath.Join(p.ephDir, k.ID)
 		r.removeWS = true
