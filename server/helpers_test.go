@@ -72,7 +72,7 @@ type env struct {
 // closed.
 func newEnv(t *testing.T, mod ...any) *env {
 	t.Helper()
-	sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: testPolicy})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: testPolicy}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 	if err != nil {
 		t.Fatal(err)
 	}

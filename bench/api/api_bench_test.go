@@ -18,6 +18,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/client"
+	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
 	"github.com/tai42/sandbox/server"
 )
@@ -45,7 +46,7 @@ type pair struct {
 
 func newPair(b *testing.B) pair {
 	b.Helper()
-	sb, err := host.New(host.Options{StateDir: b.TempDir(), Policy: policy, ReapInterval: -1})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: policy, ReapInterval: -1}, ProviderOptions: kit.ProviderOptions{StateDir: b.TempDir()}})
 	if err != nil {
 		b.Fatal(err)
 	}

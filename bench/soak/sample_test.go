@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
 	"github.com/tai42/sandbox/server"
 )
@@ -155,7 +156,7 @@ func TestRun(t *testing.T) {
 		t.Skip("a two-second load")
 	}
 	policy := sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationNone, Durable: true}
-	sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: policy})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: policy}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 	if err != nil {
 		t.Fatal(err)
 	}

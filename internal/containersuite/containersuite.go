@@ -196,12 +196,12 @@ func EgressSubnet(t testing.TB) netip.Prefix { Require(t); return env.egress }
 func Options(t testing.TB, rt string, policy sandbox.Policy) container.Options {
 	Require(t)
 	return container.Options{
-		StateDir:    t.TempDir(),
-		Policy:      policy,
-		Runtime:     rt,
-		AgentBinary: env.agent,
-		Images:      env.images,
-		Network:     env.net,
+		Options:         kit.Options{Policy: policy},
+		ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()},
+		Runtime:         rt,
+		AgentBinary:     env.agent,
+		Images:          env.images,
+		Network:         env.net,
 	}
 }
 

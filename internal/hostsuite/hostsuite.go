@@ -115,7 +115,7 @@ func open(t testing.TB, cfg sandboxtest.Config, dir string) *kit.Sandbox {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb, err := host.New(host.Options{StateDir: dir, Policy: cfg.Policy, ReapInterval: cfg.ReapInterval, Ledger: l, Logger: cfg.Logger})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: cfg.Policy, ReapInterval: cfg.ReapInterval, Ledger: l, Logger: cfg.Logger}, ProviderOptions: kit.ProviderOptions{StateDir: dir}})
 	if err != nil {
 		l.Close()
 		t.Fatal(err)

@@ -64,7 +64,7 @@ func runSubs(b *testing.B, subs ...sub) {
 // (every session destroyed) when the benchmark ends.
 func benchSandbox(b *testing.B) *kit.Sandbox {
 	b.Helper()
-	sb, err := host.New(host.Options{StateDir: b.TempDir(), Policy: benchPolicy})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: benchPolicy}, ProviderOptions: kit.ProviderOptions{StateDir: b.TempDir()}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -73,7 +73,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/netns"
@@ -88,38 +87,13 @@ const (
 	Image = "host"
 )
 
-// Defaults for [Options].
-const (
-	DefaultMaxOutputBytes = 64 << 20
-	DefaultExitGrace      = 200 * time.Millisecond
-	DefaultStreamBuffer   = 4 << 20
-)
-
-// Options configure the host runner.
+// Options configure the host runner: the kit's, passed on to it (a
+// durable Ledger brings back, at New, the sessions a killed process left),
+// and those every provider takes. StateDir holds the workspaces and the
+// per-session temp directories.
 type Options struct {
-	// StateDir holds workspaces and per-session temp directories. Required.
-	StateDir string
-	// Policy is enforced by the kit at every create.
-	Policy sandbox.Policy
-	// ExecDefaultTimeout and ReapInterval are passed to the kit.
-	ExecDefaultTimeout time.Duration
-	ReapInterval       time.Duration
-	// MaxOutputBytes bounds each of stdout and stderr held in memory by a
-	// non-interactive exec; past it the exec is killed with
-	// *sandbox.OutputLimitError. 0 means [DefaultMaxOutputBytes].
-	MaxOutputBytes int64
-	// StreamBuffer bounds the output an interactive exec queues before it
-	// stops reading (back-pressure). 0 means [DefaultStreamBuffer].
-	StreamBuffer int
-	// ExitGrace is how long an exec's output may go on after its command
-	// exited (or was killed by its timeout) while a process it left running
-	// still holds the pipes. 0 means [DefaultExitGrace].
-	ExitGrace time.Duration
-	// Logger receives lifecycle events; never env values.
-	Logger *slog.Logger
-	// Ledger is passed to the kit: a durable one (package ledger) brings
-	// back, at New, the sessions a killed process left. nil: in memory.
-	Ledger kit.Ledger
+	kit.Options
+	kit.ProviderOptions
 }
 
 // New returns the host runner wrapped by the kit.
@@ -128,13 +102,7 @@ func New(opts Options) (*kit.Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	return kit.New(p, kit.Options{
-		Policy:             opts.Policy,
-		ExecDefaultTimeout: opts.ExecDefaultTimeout,
-		ReapInterval:       opts.ReapInterval,
-		Logger:             opts.Logger,
-		Ledger:             opts.Ledger,
-	})
+	return kit.New(p, opts.Options)
 }
 
 type provider struct {
@@ -159,9 +127,9 @@ type provider struct {
 
 // NewProvider returns the host runner's [kit.Provider] for opts, not yet
 // wrapped by the kit: for a caller that composes it (a test wrapping it to
-// inject faults) before [kit.New]. The kit closes it. Options that belong
-// to the kit (Policy, ExecDefaultTimeout, ReapInterval, Logger, Ledger) are
-// New's to pass on.
+// inject faults) before [kit.New]. The kit closes it. The kit's options
+// (opts.Options) are New's to pass on; of them the provider uses only the
+// Logger.
 func NewProvider(opts Options) (kit.Provider, error) {
 	defaultSignalsForCommands()
 	p, err := newProvider(opts)
@@ -175,15 +143,7 @@ func newProvider(opts Options) (*provider, error) {
 	if opts.StateDir == "" {
 		return nil, errors.New("host: a state directory is required")
 	}
-	if opts.MaxOutputBytes <= 0 {
-		opts.MaxOutputBytes = DefaultMaxOutputBytes
-	}
-	if opts.StreamBuffer <= 0 {
-		opts.StreamBuffer = DefaultStreamBuffer
-	}
-	if opts.ExitGrace <= 0 {
-		opts.ExitGrace = DefaultExitGrace
-	}
+	opts.ProviderOptions = opts.ProviderOptions.WithDefaults()
 	root, err := filepath.Abs(opts.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("host: state directory: %w", err)

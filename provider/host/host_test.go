@@ -218,7 +218,7 @@ func TestLeftProcessEndsWithSession(t *testing.T) {
 // still held by it says so in its note.
 func TestCgroupCatchesEscapedProcesses(t *testing.T) {
 	needRoot(t)
-	sb, _ := newHost(t, host.Options{ExitGrace: 100 * time.Millisecond})
+	sb, _ := newHost(t, host.Options{ProviderOptions: kit.ProviderOptions{ExitGrace: 100 * time.Millisecond}})
 	spec := hostSpec(sandbox.NetworkEgress)
 	spec.MemoryMB, spec.CPU = 256, 1
 	s := mustCreate(t, sb, spec)
@@ -330,7 +330,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 	var buf bytes.Buffer
 	var mu sync.Mutex
 	logger := slog.New(slog.NewJSONHandler(lockedWriter{&buf, &mu}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	sb, _ := newHost(t, host.Options{Logger: logger})
+	sb, _ := newHost(t, host.Options{Options: kit.Options{Logger: logger}})
 	const secret = "s3cret-VALUE-42"
 	spec := hostSpec(sandbox.NetworkEgress)
 	spec.Env = sandbox.SecretEnv(map[string]string{"TOKEN": secret})
@@ -451,7 +451,7 @@ func TestNetnsSetupNeverStrandsThreads(t *testing.T) {
 		builders.Add(1)
 		go func() {
 			defer builders.Done()
-			sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: openPolicy, ReapInterval: -1})
+			sb, err := host.New(host.Options{Options: kit.Options{Policy: openPolicy, ReapInterval: -1}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 			if err != nil {
 				t.Error(err)
 				return
@@ -517,7 +517,7 @@ func sigignHelper() int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	sb, err := host.New(host.Options{StateDir: dir, Policy: openPolicy, ReapInterval: -1})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: openPolicy, ReapInterval: -1}, ProviderOptions: kit.ProviderOptions{StateDir: dir}})
 	if err != nil {
 		fmt.Println(err)
 		return 1
