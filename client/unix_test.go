@@ -55,7 +55,7 @@ func TestUnixSocket(t *testing.T) {
 	if d := c.ExecDefaultTimeout(); d <= 0 {
 		t.Errorf("ExecDefaultTimeout = %v; want the daemon's default", d)
 	}
-	sess, err := c.CreateSession(ctx, sandbox.SessionSpec{Image: host.Image, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 60})
+	sess, err := c.CreateSession(ctx, sandbox.SessionSpec{Image: sandbox.HostImage, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 60})
 	if err != nil {
 		t.Fatalf("CreateSession: %v", err)
 	}

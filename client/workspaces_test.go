@@ -59,7 +59,7 @@ func TestWorkspacesRoundTrip(t *testing.T) {
 	if err != nil || list == nil || len(list) != 0 {
 		t.Fatalf("ListWorkspaces on a fresh daemon = %#v, %v; want an empty list", list, err)
 	}
-	spec := sandbox.SessionSpec{Image: host.Image, Durability: sandbox.Persistent, WorkspaceKey: "proj", Network: sandbox.NetworkEgress, TTLSeconds: 600}
+	spec := sandbox.SessionSpec{Image: sandbox.HostImage, Durability: sandbox.Persistent, WorkspaceKey: "proj", Network: sandbox.NetworkEgress, TTLSeconds: 600}
 	sess, err := c.CreateSession(ctx, spec)
 	if err != nil {
 		t.Fatal(err)

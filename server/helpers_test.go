@@ -196,7 +196,7 @@ func (e *env) callErr(method, path string, in any, wantStatus int, wantKind api.
 }
 
 func hostSpec() api.SessionSpec {
-	return api.SessionSpec{Image: host.Image, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 600}
+	return api.SessionSpec{Image: sandbox.HostImage, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 600}
 }
 
 func (e *env) create(spec api.SessionSpec) sandbox.SessionInfo {

@@ -60,7 +60,7 @@ func newPair(b *testing.B) pair {
 	c := client.New(ts.URL, token)
 	b.Cleanup(func() { c.Close() })
 	ctx := context.Background()
-	spec := sandbox.SessionSpec{Image: host.Image, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 3600}
+	spec := sandbox.SessionSpec{Image: sandbox.HostImage, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 3600}
 	local, err := sb.CreateSession(ctx, spec)
 	if err != nil {
 		b.Fatal(err)

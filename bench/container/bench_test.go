@@ -11,15 +11,14 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/containersuite"
-	"github.com/tai42/sandbox/provider/container"
 )
 
 // ourPeers are the provider's variants: runtime and image.
 var ourPeers = []struct{ rt, image string }{
 	{"runc", containersuite.Busybox},
-	{"runc", container.HostImage},
+	{"runc", sandbox.HostImage},
 	{"crun", containersuite.Busybox},
-	{"crun", container.HostImage},
+	{"crun", sandbox.HostImage},
 }
 
 // ourName is a provider variant's sub-benchmark name: runc-busybox.

@@ -176,7 +176,7 @@ func TestRun(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	code := run(context.Background(), config{
 		url: ts.URL, tokenFile: tokenFile, pid: os.Getpid(), duration: 2 * time.Second, sessions: 4,
-		interval: 100 * time.Millisecond, out: out, image: host.Image, pause: time.Millisecond,
+		interval: 100 * time.Millisecond, out: out, image: sandbox.HostImage, pause: time.Millisecond,
 		settle: 100 * time.Millisecond, seed: 7, network: sandbox.NetworkEgress,
 	}, &stdout, &stderr)
 	report := stdout.String()

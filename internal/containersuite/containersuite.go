@@ -303,7 +303,7 @@ func SuiteOptions(image string) sandboxtest.Options {
 		Logs:               true,
 		User:               &sandboxtest.UserOptions{Name: "nobody", UID: 65534, GID: 65534, Home: "/nonexistent"},
 	}
-	if image == container.HostImage {
+	if image == sandbox.HostImage {
 		opts.User = hostsuite.SuiteUser("nobody")
 		if opts.User == nil || opts.User.UID >= container.UserNamespaceSize || opts.User.GID >= container.UserNamespaceSize {
 			opts.User = hostsuite.SuiteUser("root")

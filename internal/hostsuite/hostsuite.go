@@ -24,7 +24,7 @@ import (
 // unhonoured, so the suite checks that they are rejected instead.
 func Options(t testing.TB) sandboxtest.Options {
 	opts := sandboxtest.Options{
-		Image:                           host.Image,
+		Image:                           sandbox.HostImage,
 		Isolation:                       sandbox.IsolationNone,
 		Networks:                        []sandbox.Network{sandbox.NetworkEgress},
 		Durable:                         true,

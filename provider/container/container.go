@@ -104,11 +104,9 @@ import (
 	"github.com/tai42/sandbox/kit"
 )
 
-// Name is the provider's registered name; HostImage its built-in image.
-const (
-	Name      = "container"
-	HostImage = "host"
-)
+// Name is the provider's registered name. Its built-in image is
+// [sandbox.HostImage].
+const Name = "container"
 
 // DefaultPidsLimit is the process cap of a session when [Options] sets
 // none.
@@ -493,10 +491,10 @@ func (p *provider) Check(spec sandbox.SessionSpec) error {
 	no := func(field, format string, args ...any) error {
 		return &sandbox.SpecRejectedError{Field: field, Reason: sandbox.ReasonUnenforceable, Message: fmt.Sprintf(format, args...)}
 	}
-	if spec.Image != HostImage {
+	if spec.Image != sandbox.HostImage {
 		if _, err := p.images.Get(spec.Image); err != nil {
 			if errors.Is(err, imagestore.ErrNotFound) {
-				return no("image", "image %q is not in the local store (%s); import it with `tai42 image import FILE --name %s`, or use %q", spec.Image, p.images.Dir(), spec.Image, HostImage)
+				return no("image", "image %q is not in the local store (%s); import it with `tai42 image import FILE --name %s`, or use %q", spec.Image, p.images.Dir(), spec.Image, sandbox.HostImage)
 			}
 			return no("image", "image %q: %v", spec.Image, err)
 		}
@@ -575,7 +573,7 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 
 	lower, env := p.host.Rootfs, p.host.Env
 	var binds []bind
-	if req.Spec.Image == HostImage {
+	if req.Spec.Image == sandbox.HostImage {
 		for _, b := range p.host.Binds {
 			binds = append(binds, bind{source: b.Source, dest: b.Dest})
 		}

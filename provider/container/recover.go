@@ -421,7 +421,7 @@ func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, 
 	r.sysMounted = isMounted(mounted, filepath.Join(r.dir, "sys"))
 
 	env := p.host.Env
-	if k.Spec.Image != HostImage {
+	if k.Spec.Image != sandbox.HostImage {
 		img, release, err := p.images.Acquire(k.Spec.Image)
 		if err != nil {
 			return nil, fmt.Errorf("its image %q: %w", k.Spec.Image, err)

@@ -77,7 +77,7 @@ func benchSandbox(b *testing.B) *kit.Sandbox {
 }
 
 func benchSpec(network sandbox.Network) sandbox.SessionSpec {
-	return sandbox.SessionSpec{Image: host.Image, Durability: sandbox.Ephemeral, Network: network, TTLSeconds: 600}
+	return sandbox.SessionSpec{Image: sandbox.HostImage, Durability: sandbox.Ephemeral, Network: network, TTLSeconds: 600}
 }
 
 // benchSession returns a live session in a fresh runner, destroyed when the

@@ -81,11 +81,9 @@ import (
 	"github.com/tai42/sandbox/kit"
 )
 
-// Name is the provider's registered name; Image is its one image.
-const (
-	Name  = "host"
-	Image = "host"
-)
+// Name is the provider's registered name. Its one image is
+// [sandbox.HostImage].
+const Name = "host"
 
 // Options configure the host runner: the kit's, passed on to it (a
 // durable Ledger brings back, at New, the sessions a killed process left),
@@ -225,8 +223,8 @@ func (p *provider) Check(spec sandbox.SessionSpec) error {
 	no := func(field, format string, args ...any) error {
 		return &sandbox.SpecRejectedError{Field: field, Reason: sandbox.ReasonUnenforceable, Message: fmt.Sprintf(format, args...)}
 	}
-	if spec.Image != Image {
-		return no("image", "the host runner honours only image %q, not %q", Image, spec.Image)
+	if spec.Image != sandbox.HostImage {
+		return no("image", "the host runner honours only image %q, not %q", sandbox.HostImage, spec.Image)
 	}
 	switch spec.Network {
 	case sandbox.NetworkNone:

@@ -86,7 +86,7 @@ func newHost(t *testing.T, opts host.Options) (*kit.Sandbox, string) {
 }
 
 func hostSpec(network sandbox.Network) sandbox.SessionSpec {
-	return sandbox.SessionSpec{Image: host.Image, Durability: sandbox.Ephemeral, Network: network, TTLSeconds: 600}
+	return sandbox.SessionSpec{Image: sandbox.HostImage, Durability: sandbox.Ephemeral, Network: network, TTLSeconds: 600}
 }
 
 func mustCreate(t *testing.T, sb sandbox.Sandbox, spec sandbox.SessionSpec) sandbox.Session {
