@@ -281,11 +281,7 @@ func (s *Sandbox) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (
 	}
 	if err != nil {
 		forget()
-		var se *sandbox.SandboxError
-		if !errors.As(err, &se) {
-			err = sandbox.WrapError("create_session", "provider "+s.prov.Name()+" could not create the session", err)
-		}
-		return nil, err
+		return nil, sandbox.WrapForeign("create_session", "provider "+s.prov.Name()+" could not create the session", err)
 	}
 	if h, ok := res.(Handler); ok {
 		ss.handle = h.Handle()

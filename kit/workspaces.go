@@ -2,7 +2,6 @@ package kit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -28,11 +27,7 @@ func (s *Sandbox) ListWorkspaces(ctx context.Context) ([]sandbox.WorkspaceInfo, 
 	}
 	list, err := store.Workspaces(ctx)
 	if err != nil {
-		var se *sandbox.SandboxError
-		if !errors.As(err, &se) {
-			err = sandbox.WrapError("list_workspaces", "provider "+s.prov.Name()+" could not list its persistent workspaces", err)
-		}
-		return nil, err
+		return nil, sandbox.WrapForeign("list_workspaces", "provider "+s.prov.Name()+" could not list its persistent workspaces", err)
 	}
 	out := slices.Clone(list)
 	if out == nil {
@@ -81,11 +76,7 @@ func (s *Sandbox) RemoveWorkspace(ctx context.Context, key string) error {
 	}
 	defer s.releaseKey(key, hold)
 	if err := store.RemoveWorkspace(ctx, key); err != nil {
-		var se *sandbox.SandboxError
-		if !errors.As(err, &se) {
-			err = sandbox.WrapError("remove_workspace", fmt.Sprintf("provider %s could not remove persistent workspace %q", s.prov.Name(), key), err)
-		}
-		return err
+		return sandbox.WrapForeign("remove_workspace", fmt.Sprintf("provider %s could not remove persistent workspace %q", s.prov.Name(), key), err)
 	}
 	s.log.Info("persistent workspace removed", "workspace_key", key)
 	return nil
