@@ -210,6 +210,30 @@ func TestErrorFamily(t *testing.T) {
 
 // A user not known in the session names itself and the file it was looked
 // up in, and converts to a *SandboxError of op exec.
+// WrapForeign passes on an error of the family, a kind or the base,
+// wrapped or not, as it is; wraps anything else; keeps nil nil.
+func TestWrapForeign(t *testing.T) {
+	if err := sandbox.WrapForeign("op", "m", nil); err != nil {
+		t.Errorf("nil = %v", err)
+	}
+	for _, in := range []error{
+		sandbox.Errorf("exec", "refused"),
+		&sandbox.FileNotFoundError{Path: "a"},
+		&sandbox.SpecRejectedError{Field: "image", Reason: sandbox.ReasonConflict, Message: "x"},
+		fmt.Errorf("context: %w", &sandbox.SessionNotFoundError{SessionID: "s"}),
+	} {
+		if got := sandbox.WrapForeign("op", "m", in); got != in {
+			t.Errorf("WrapForeign(%v) = %v; want it as it is", in, got)
+		}
+	}
+	cause := errors.New("EBUSY")
+	got := sandbox.WrapForeign("remove_workspace", "could not remove", cause)
+	se, ok := errors.AsType[*sandbox.SandboxError](got)
+	if !ok || se.Op != "remove_workspace" || se.Message != "could not remove" || !errors.Is(got, cause) {
+		t.Errorf("WrapForeign(EBUSY) = %#v; want a remove_workspace SandboxError whose cause is EBUSY", got)
+	}
+}
+
 func TestUserNotFoundError(t *testing.T) {
 	err := fmt.Errorf("running: %w", &sandbox.UserNotFoundError{User: "alice"})
 	if msg := err.Error(); !strings.Contains(msg, `"alice"`) || !strings.Contains(msg, "/etc/passwd") {

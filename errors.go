@@ -46,6 +46,21 @@ func WrapError(op, message string, err error) *SandboxError {
 	return &SandboxError{Op: op, Message: message, Err: err}
 }
 
+// WrapForeign returns err as it is when it is of the family already (it
+// converts to *SandboxError with errors.As: any kind, wrapped or not), so
+// that its kind and message reach the caller; any other err is wrapped as
+// WrapError(op, message, err). A nil err stays nil. It is for a layer
+// passing on what the one below returned, which may be either.
+func WrapForeign(op, message string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := errors.AsType[*SandboxError](err); ok {
+		return err
+	}
+	return WrapError(op, message, err)
+}
+
 func (e *SandboxError) Error() string {
 	var b strings.Builder
 	b.WriteString("sandbox: ")

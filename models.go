@@ -38,13 +38,19 @@ type StreamExit struct {
 func (*StreamChunk) isStreamItem() {}
 func (*StreamExit) isStreamItem()  {}
 
+// HostImage is the image that is the host's own system: the host runner's
+// one image, and the container provider's built-in view of the host's
+// system directories. No image store takes the name, with any tag, so an
+// imported image can never shadow it.
+const HostImage = "host"
+
 // SessionSpec is the requested shape of one sandbox session. The consumer
 // declares the session it needs; the provider maps each field onto its
 // runtime or rejects with a [SpecRejectedError] what it cannot honour. It
 // never silently downgrades a request.
 type SessionSpec struct {
 	// Image names the session's root filesystem; each provider documents the
-	// names it honours (the host runner's one image is "host").
+	// names it honours (the host runner's one image is [HostImage]).
 	Image string `json:"image"`
 	// WorkspaceKey owns a persistent workspace. Required for persistent
 	// sessions; optional for ephemeral ones. Letters, digits, '.', '_' and

@@ -83,7 +83,7 @@ func TestKillUnreadOutput(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	sess, err := c.CreateSession(ctx, sandbox.SessionSpec{Image: host.Image, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 600})
+	sess, err := c.CreateSession(ctx, sandbox.SessionSpec{Image: sandbox.HostImage, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 600})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/client"
+	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
 	"github.com/tai42/sandbox/server"
 )
@@ -22,7 +23,7 @@ import (
 // and the exec WebSocket alike.
 func TestUnixSocket(t *testing.T) {
 	policy := sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationNone, Durable: true}
-	sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: policy})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: policy}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +55,7 @@ func TestUnixSocket(t *testing.T) {
 	if d := c.ExecDefaultTimeout(); d <= 0 {
 		t.Errorf("ExecDefaultTimeout = %v; want the daemon's default", d)
 	}
-	sess, err := c.CreateSession(ctx, sandbox.SessionSpec{Image: host.Image, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 60})
+	sess, err := c.CreateSession(ctx, sandbox.SessionSpec{Image: sandbox.HostImage, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 60})
 	if err != nil {
 		t.Fatalf("CreateSession: %v", err)
 	}

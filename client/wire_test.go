@@ -9,7 +9,6 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/client"
-	"github.com/tai42/sandbox/provider/host"
 	"github.com/tai42/sandbox/sandboxtest"
 )
 
@@ -24,7 +23,7 @@ func wireSession(t *testing.T) (*client.Client, string, sandbox.Session, context
 	t.Cleanup(func() { c.Close() })
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	t.Cleanup(cancel)
-	sess, err := c.CreateSession(ctx, sandbox.SessionSpec{Image: host.Image, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 600})
+	sess, err := c.CreateSession(ctx, sandbox.SessionSpec{Image: sandbox.HostImage, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 600})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/client"
+	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
 	"github.com/tai42/sandbox/server"
 )
@@ -26,7 +27,7 @@ func serveWorkspaces(t *testing.T) (string, string, *atomic.Int32) {
 	t.Helper()
 	dir := t.TempDir()
 	policy := sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationNone, Durable: true}
-	sb, err := host.New(host.Options{StateDir: dir, Policy: policy, ReapInterval: -1})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: policy, ReapInterval: -1}, ProviderOptions: kit.ProviderOptions{StateDir: dir}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +59,7 @@ func TestWorkspacesRoundTrip(t *testing.T) {
 	if err != nil || list == nil || len(list) != 0 {
 		t.Fatalf("ListWorkspaces on a fresh daemon = %#v, %v; want an empty list", list, err)
 	}
-	spec := sandbox.SessionSpec{Image: host.Image, Durability: sandbox.Persistent, WorkspaceKey: "proj", Network: sandbox.NetworkEgress, TTLSeconds: 600}
+	spec := sandbox.SessionSpec{Image: sandbox.HostImage, Durability: sandbox.Persistent, WorkspaceKey: "proj", Network: sandbox.NetworkEgress, TTLSeconds: 600}
 	sess, err := c.CreateSession(ctx, spec)
 	if err != nil {
 		t.Fatal(err)

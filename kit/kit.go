@@ -62,7 +62,7 @@ type Sandbox struct {
 
 	mu       sync.Mutex
 	sessions map[string]*session
-	keys     map[string]*session // persistent workspace_key -> holder (live, or expired and not yet torn down)
+	keys     map[string]*keyHold // persistent workspace_key -> what holds it (see holdKey)
 	closed   bool
 
 	closeOnce sync.Once
@@ -108,7 +108,7 @@ func New(prov Provider, opts Options) (_ *Sandbox, err error) {
 		log:      opts.Logger,
 		ledger:   opts.Ledger,
 		sessions: make(map[string]*session),
-		keys:     make(map[string]*session),
+		keys:     make(map[string]*keyHold),
 	}
 	if s.execTO <= 0 {
 		s.execTO = DefaultExecTimeout
@@ -281,11 +281,7 @@ func (s *Sandbox) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (
 	}
 	if err != nil {
 		forget()
-		var se *sandbox.SandboxError
-		if !errors.As(err, &se) {
-			err = sandbox.WrapError("create_session", "provider "+s.prov.Name()+" could not create the session", err)
-		}
-		return nil, err
+		return nil, sandbox.WrapForeign("create_session", "provider "+s.prov.Name()+" could not create the session", err)
 	}
 	if h, ok := res.(Handler); ok {
 		ss.handle = h.Handle()
@@ -302,6 +298,9 @@ func (s *Sandbox) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (
 	s.mu.Lock()
 	ss.res = res
 	ss.created, ss.expires = rec.CreatedAt, rec.ExpiresAt
+	if ss.hold != nil {
+		ss.hold.state = holdSession
+	}
 	if s.closed {
 		s.mu.Unlock()
 		_ = res.Destroy(context.WithoutCancel(ctx))
@@ -315,50 +314,24 @@ func (s *Sandbox) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (
 	return ss, nil
 }
 
-// claim reserves a persistent session's workspace_key, tearing down an
-// expired holder first (an expired session is already gone for consumers).
+// claim admits a create unless the sandbox is closed, and has a
+// persistent session hold its workspace_key (see holdKey).
 func (s *Sandbox) claim(ctx context.Context, ss *session) error {
-	for {
+	if ss.spec.Durability != sandbox.Persistent {
 		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
+		closed := s.closed
+		s.mu.Unlock()
+		if closed {
 			return sandbox.Errorf("create_session", "the sandbox is closed")
 		}
-		if ss.spec.Durability != sandbox.Persistent {
-			s.mu.Unlock()
-			return nil
-		}
-		key := ss.spec.WorkspaceKey
-		holder := s.keys[key]
-		if holder == nil {
-			s.keys[key] = ss
-			s.mu.Unlock()
-			return nil
-		}
-		live := holder.res != nil && !holder.destroying && time.Now().Before(holder.expires)
-		s.mu.Unlock()
-		if holder.res == nil && holder.id == removalID {
-			return &sandbox.SpecRejectedError{Field: "workspace_key", Reason: sandbox.ReasonConflict,
-				Message: fmt.Sprintf("persistent workspace %q is being removed; try again once the removal is done", key)}
-		}
-		if live || holder.res == nil {
-			return &sandbox.SpecRejectedError{Field: "workspace_key", Reason: sandbox.ReasonConflict,
-				Message: fmt.Sprintf("persistent workspace %q is in use by live session %s; one live session per key", key, holder.id)}
-		}
-		// Expired or being destroyed: finish its teardown, then try again.
-		if err := s.destroy(ctx, holder); err != nil {
-			return sandbox.WrapError("create_session", fmt.Sprintf("workspace %q: tearing down expired session %s failed", key, holder.id), err)
-		}
+		return nil
 	}
+	ss.hold = &keyHold{state: holdCreating, ss: ss}
+	return s.holdKey(ctx, ss.spec.WorkspaceKey, ss.hold, "create_session")
 }
 
-func (s *Sandbox) release(ss *session) {
-	s.mu.Lock()
-	if ss.spec.Durability == sandbox.Persistent && s.keys[ss.spec.WorkspaceKey] == ss {
-		delete(s.keys, ss.spec.WorkspaceKey)
-	}
-	s.mu.Unlock()
-}
+// release frees the workspace_key of a session whose create failed.
+func (s *Sandbox) release(ss *session) { s.releaseKey(ss.spec.WorkspaceKey, ss.hold) }
 
 // CheckPolicy applies the operator policy to a spec whose isolation is
 // resolved, returning a *sandbox.SpecRejectedError of Reason ReasonPolicy
@@ -502,9 +475,7 @@ func (s *Sandbox) destroyOnce(ctx context.Context, ss *session) (first bool, err
 	}
 	s.mu.Lock()
 	delete(s.sessions, ss.id)
-	if ss.spec.Durability == sandbox.Persistent && s.keys[ss.spec.WorkspaceKey] == ss {
-		delete(s.keys, ss.spec.WorkspaceKey)
-	}
+	s.dropHold(ss.spec.WorkspaceKey, ss.hold)
 	if err != nil {
 		err = sandbox.WrapError("destroy_session", "tearing down session "+ss.id+" failed", err)
 	} else {

@@ -8,6 +8,49 @@ import (
 	"github.com/tai42/sandbox"
 )
 
+// Defaults for [ProviderOptions].
+const (
+	DefaultMaxOutputBytes = 64 << 20
+	DefaultExitGrace      = 200 * time.Millisecond
+	DefaultStreamBuffer   = 4 << 20
+)
+
+// ProviderOptions are what every provider built on the kit takes besides
+// the kit's own [Options]: where it keeps its state and how it bounds an
+// exec's output. A provider's Options embed both, so that each field is
+// declared once and its New passes the [Options] on to [New] as they are.
+type ProviderOptions struct {
+	// StateDir holds the provider's state, in a directory of the
+	// provider's name (<StateDir>/host, <StateDir>/container). Required.
+	StateDir string
+	// MaxOutputBytes bounds each of stdout and stderr held in memory by a
+	// non-interactive exec; past it the exec is killed with
+	// *sandbox.OutputLimitError. 0 means [DefaultMaxOutputBytes].
+	MaxOutputBytes int64
+	// StreamBuffer bounds the output an interactive exec queues before it
+	// stops reading (back-pressure). 0 means [DefaultStreamBuffer].
+	StreamBuffer int
+	// ExitGrace is how long an exec's output may go on after its command
+	// exited (or was killed by its timeout) while a process it left running
+	// still holds the pipes. 0 means [DefaultExitGrace].
+	ExitGrace time.Duration
+}
+
+// WithDefaults returns o with each bound that is 0 (or negative) at its
+// default.
+func (o ProviderOptions) WithDefaults() ProviderOptions {
+	if o.MaxOutputBytes <= 0 {
+		o.MaxOutputBytes = DefaultMaxOutputBytes
+	}
+	if o.StreamBuffer <= 0 {
+		o.StreamBuffer = DefaultStreamBuffer
+	}
+	if o.ExitGrace <= 0 {
+		o.ExitGrace = DefaultExitGrace
+	}
+	return o
+}
+
 // Provider is the runtime I/O a provider implements. The kit calls it only
 // with validated, policy-checked input: a provider never sees a request the
 // kit has not seen first, so it cannot bypass the policy chokepoint, the

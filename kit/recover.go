@@ -82,7 +82,8 @@ func (s *Sandbox) recover(ctx context.Context) error {
 		}
 		s.sessions[r.ID] = ss
 		if r.Spec.Durability == sandbox.Persistent {
-			s.keys[r.Spec.WorkspaceKey] = ss
+			ss.hold = &keyHold{state: holdSession, ss: ss}
+			s.keys[r.Spec.WorkspaceKey] = ss.hold
 		}
 		if ws := res.Res.WorkspacePath(); ws != r.WorkspacePath {
 			s.log.Warn("recovery: a session's workspace path changed", "id", r.ID, "was", r.WorkspacePath, "now", ws)

@@ -25,6 +25,7 @@ type session struct {
 
 	created, expires time.Time
 	handle           json.RawMessage // the provider's, for the ledger
+	hold             *keyHold        // its workspace_key's hold; nil: ephemeral
 	destroying       bool
 	ledgerMu         sync.Mutex    // orders this session's ledger writes
 	gone             chan struct{} // closed when teardown finished

@@ -15,7 +15,8 @@ import (
 // storeProvider is a fakeProvider that keeps persistent workspaces (a
 // kit.WorkspaceStore in memory). A persistent create makes the workspace
 // of its key. When block is set, RemoveWorkspace signals entered and waits
-// for block to close.
+// for block to close; createBlock does the same for Create, once the
+// workspace is made.
 type storeProvider struct {
 	*fakeProvider
 	mu      sync.Mutex
@@ -25,6 +26,8 @@ type storeProvider struct {
 	rmErr   error
 	entered chan struct{}
 	block   chan struct{}
+
+	createEntered, createBlock chan struct{}
 }
 
 var _ kit.WorkspaceStore = (*storeProvider)(nil)
@@ -40,6 +43,10 @@ func (p *storeProvider) Create(ctx context.Context, req kit.CreateRequest) (kit.
 			p.ws[req.Spec.WorkspaceKey] = sandbox.WorkspaceInfo{Key: req.Spec.WorkspaceKey, ModifiedAt: time.Now().UTC()}
 		}
 		p.mu.Unlock()
+	}
+	if p.createEntered != nil {
+		p.createEntered <- struct{}{}
+		<-p.createBlock
 	}
 	return p.fakeProvider.Create(ctx, req)
 }
@@ -311,4 +318,40 @@ func TestRemoveWorkspaceClosed(t *testing.T) {
 	if got := p.removedKeys(); len(got) != 0 {
 		t.Errorf("a closed sandbox removed %v", got)
 	}
+}
+
+// While a session of the key is being created, the key is held: a removal
+// is refused naming that session, a second create as one live session per
+// key, and the workspace is not yet in use by anyone; once created, the
+// session holds it live.
+func TestKeyHeldDuringCreate(t *testing.T) {
+	p := newStoreProvider()
+	p.createEntered, p.createBlock = make(chan struct{}), make(chan struct{})
+	sb := newStoreKit(t, p)
+	ctx := context.Background()
+	type created struct {
+		s   sandbox.Session
+		err error
+	}
+	done := make(chan created, 1)
+	go func() {
+		s, err := sb.CreateSession(ctx, persistentSpec("proj", 60))
+		done <- created{s, err}
+	}()
+	<-p.createEntered
+	conflict(t, "a removal during the create", sb.RemoveWorkspace(ctx, "proj"), "being created")
+	_, err := sb.CreateSession(ctx, persistentSpec("proj", 60))
+	conflict(t, "a second create during the first", err, "one live session per key")
+	if list, err := sb.ListWorkspaces(ctx); err != nil || len(list) != 1 || list[0].InUseBy != "" {
+		t.Errorf("ListWorkspaces during the create = %+v, %v; a session being created is not using it yet", list, err)
+	}
+	close(p.createBlock)
+	c := <-done
+	if c.err != nil {
+		t.Fatalf("the create: %v", c.err)
+	}
+	if list, err := sb.ListWorkspaces(ctx); err != nil || len(list) != 1 || list[0].InUseBy != c.s.ID() {
+		t.Errorf("ListWorkspaces after the create = %+v, %v; want proj in use by %s", list, err, c.s.ID())
+	}
+	conflict(t, "a removal after the create", sb.RemoveWorkspace(ctx, "proj"), c.s.ID())
 }

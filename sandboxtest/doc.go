@@ -12,9 +12,8 @@
 //	func TestConformance(t *testing.T) {
 //		newSandbox := func(t *testing.T, cfg sandboxtest.Config) sandbox.Sandbox {
 //			sb, err := host.New(host.Options{
-//				StateDir:     t.TempDir(),
-//				Policy:       cfg.Policy,
-//				ReapInterval: cfg.ReapInterval,
+//				Options:         kit.Options{Policy: cfg.Policy, ReapInterval: cfg.ReapInterval},
+//				ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()},
 //			})
 //			if err != nil {
 //				t.Fatal(err)

@@ -120,7 +120,7 @@ func (h *faultHandle) Kill(ctx context.Context) error {
 
 func newFaultSandbox(t *testing.T) *kit.Sandbox {
 	t.Helper()
-	p, err := host.NewProvider(host.Options{StateDir: t.TempDir()})
+	p, err := host.NewProvider(host.Options{ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 	if err != nil {
 		t.Fatal(err)
 	}

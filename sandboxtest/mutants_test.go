@@ -1163,7 +1163,7 @@ type noUsers struct{ kit.Provider }
 // user, as a provider that runs none would have it: its provider wrapped
 // in noUsers. Its state is in memory; it is closed at the end of t.
 func hostWithoutUsers(t *testing.T, cfg sandboxtest.Config) sandbox.Sandbox {
-	p, err := host.NewProvider(host.Options{StateDir: t.TempDir()})
+	p, err := host.NewProvider(host.Options{ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 	if err != nil {
 		t.Fatal(err)
 	}

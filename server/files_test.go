@@ -13,6 +13,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/api"
+	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
 )
 
@@ -89,7 +90,7 @@ func TestFiles(t *testing.T) {
 			name = "streamed"
 		}
 		t.Run(name, func(t *testing.T) {
-			sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: testPolicy})
+			sb, err := host.New(host.Options{Options: kit.Options{Policy: testPolicy}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -156,7 +157,7 @@ func TestFiles(t *testing.T) {
 // TestPanicRecovery: a panic in a handler is a 500 internal, logged with
 // the route and without the panic's text, and the daemon keeps serving.
 func TestPanicRecovery(t *testing.T) {
-	sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: testPolicy})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: testPolicy}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 	if err != nil {
 		t.Fatal(err)
 	}

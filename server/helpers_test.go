@@ -72,7 +72,7 @@ type env struct {
 // closed.
 func newEnv(t *testing.T, mod ...any) *env {
 	t.Helper()
-	sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: testPolicy})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: testPolicy}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func (e *env) callErr(method, path string, in any, wantStatus int, wantKind api.
 }
 
 func hostSpec() api.SessionSpec {
-	return api.SessionSpec{Image: host.Image, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 600}
+	return api.SessionSpec{Image: sandbox.HostImage, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 600}
 }
 
 func (e *env) create(spec api.SessionSpec) sandbox.SessionInfo {

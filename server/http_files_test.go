@@ -18,6 +18,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/api"
+	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
 )
 
@@ -59,7 +60,7 @@ func (failingReader) Read([]byte) (int, error) { return 0, errors.New("disk I/O 
 // newFakeFileEnv serves a host sandbox through fakeFileSandbox.
 func newFakeFileEnv(t *testing.T, open func() (io.ReadCloser, int64), mod ...any) *env {
 	t.Helper()
-	sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: testPolicy})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: testPolicy}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +282,7 @@ func execAfter(t *testing.T, ctx context.Context, e *env, id, script, want, afte
 func TestUploadToDestroyedSession(t *testing.T) {
 	for _, kind := range []string{"kit", "streamed", "whole"} {
 		t.Run(kind, func(t *testing.T) {
-			sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: testPolicy})
+			sb, err := host.New(host.Options{Options: kit.Options{Policy: testPolicy}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/api"
+	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
 )
 
@@ -173,7 +174,7 @@ func (h *fakeHandle) Kill(context.Context) error {
 // exit_code, a failure of the exec as its error, a panic as internal; the
 // handle is killed each time.
 func TestStreamProviderEnds(t *testing.T) {
-	sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: testPolicy})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: testPolicy}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 	if err != nil {
 		t.Fatal(err)
 	}

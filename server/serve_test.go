@@ -24,6 +24,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/api"
+	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
 )
 
@@ -39,7 +40,7 @@ type served struct {
 
 func serve(t *testing.T, ln net.Listener, tlsConfig *tls.Config, grace time.Duration) *served {
 	t.Helper()
-	sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: testPolicy})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: testPolicy}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -332,7 +333,7 @@ func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
 
 // TestNewOptions: New refuses what it cannot serve and resolves defaults.
 func TestNewOptions(t *testing.T) {
-	sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: testPolicy})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: testPolicy}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 	if err != nil {
 		t.Fatal(err)
 	}

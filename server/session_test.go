@@ -34,7 +34,7 @@ func TestSessionLife(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated || info.ID == "" || info.Image != host.Image || info.Labels["team"] != "core" {
+	if resp.StatusCode != http.StatusCreated || info.ID == "" || info.Image != sandbox.HostImage || info.Labels["team"] != "core" {
 		t.Fatalf("create: %d %+v", resp.StatusCode, info)
 	}
 	if loc := resp.Header.Get("Location"); loc != "/v1/sessions/"+info.ID {

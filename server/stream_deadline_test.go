@@ -11,6 +11,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/api"
+	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
 )
 
@@ -60,7 +61,7 @@ var _ sandbox.ExitWatcher = watchedHandle{}
 // tell), are killed and end with the timeout. (The default timing: no
 // ping comes while the client is paused.)
 func TestStreamDeadlineExitWatcher(t *testing.T) {
-	sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: testPolicy})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: testPolicy}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 	if err != nil {
 		t.Fatal(err)
 	}

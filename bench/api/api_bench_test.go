@@ -18,6 +18,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/client"
+	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
 	"github.com/tai42/sandbox/server"
 )
@@ -45,7 +46,7 @@ type pair struct {
 
 func newPair(b *testing.B) pair {
 	b.Helper()
-	sb, err := host.New(host.Options{StateDir: b.TempDir(), Policy: policy, ReapInterval: -1})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: policy, ReapInterval: -1}, ProviderOptions: kit.ProviderOptions{StateDir: b.TempDir()}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -59,7 +60,7 @@ func newPair(b *testing.B) pair {
 	c := client.New(ts.URL, token)
 	b.Cleanup(func() { c.Close() })
 	ctx := context.Background()
-	spec := sandbox.SessionSpec{Image: host.Image, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 3600}
+	spec := sandbox.SessionSpec{Image: sandbox.HostImage, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress, TTLSeconds: 3600}
 	local, err := sb.CreateSession(ctx, spec)
 	if err != nil {
 		b.Fatal(err)

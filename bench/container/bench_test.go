@@ -10,16 +10,15 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/provider/container"
 	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 // ourPeers are the provider's variants: runtime and image.
 var ourPeers = []struct{ rt, image string }{
 	{"runc", containertest.Busybox},
-	{"runc", container.HostImage},
+	{"runc", sandbox.HostImage},
 	{"crun", containertest.Busybox},
-	{"crun", container.HostImage},
+	{"crun", sandbox.HostImage},
 }
 
 // ourName is a provider variant's sub-benchmark name: runc-busybox.

@@ -27,7 +27,7 @@ var policy = sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.Is
 type opener func(dir string, l kit.Ledger) (*kit.Sandbox, error)
 
 func hostOpen(dir string, l kit.Ledger) (*kit.Sandbox, error) {
-	return host.New(host.Options{StateDir: dir, Policy: policy, ReapInterval: -1, Ledger: l})
+	return host.New(host.Options{Options: kit.Options{Policy: policy, ReapInterval: -1, Ledger: l}, ProviderOptions: kit.ProviderOptions{StateDir: dir}})
 }
 
 func TestMain(m *testing.M) { containertest.Main(m) }

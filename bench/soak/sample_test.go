@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
 	"github.com/tai42/sandbox/server"
 )
@@ -158,7 +159,7 @@ func TestRun(t *testing.T) {
 		t.Skip("a two-second load")
 	}
 	policy := sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationNone, Durable: true}
-	sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: policy})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: policy}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +179,7 @@ func TestRun(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	code := run(context.Background(), config{
 		url: ts.URL, tokenFile: tokenFile, pid: os.Getpid(), duration: 2 * time.Second, sessions: 4,
-		interval: 100 * time.Millisecond, out: out, image: host.Image, pause: time.Millisecond,
+		interval: 100 * time.Millisecond, out: out, image: sandbox.HostImage, pause: time.Millisecond,
 		settle: 100 * time.Millisecond, seed: 7, network: sandbox.NetworkEgress,
 	}, &stdout, &stderr)
 	report := stdout.String()

@@ -16,7 +16,6 @@ import (
 	"github.com/tai42/sandbox/api"
 	"github.com/tai42/sandbox/internal/egressdns"
 	"github.com/tai42/sandbox/kit"
-	"github.com/tai42/sandbox/provider/host"
 )
 
 // configEnv names the variable that names the config file of "tai42 serve".
@@ -29,7 +28,7 @@ const (
 	defaultShutdownGrace  = 10 * time.Second
 	defaultLogLevel       = "info"
 	defaultLogFormat      = "json"
-	defaultMaxOutputBytes = host.DefaultMaxOutputBytes
+	defaultMaxOutputBytes = kit.DefaultMaxOutputBytes
 	defaultDiskMB         = 10240
 	defaultDiskReserveMB  = 1024
 )

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/provider/host"
 )
 
 // What the load does.
@@ -519,7 +518,7 @@ func (c *crashRun) opCreate(ctx context.Context, rng *mrand.Rand) {
 		return
 	}
 	n := m.next()
-	spec := sandbox.SessionSpec{Image: host.Image, Durability: sandbox.Ephemeral, Network: c.nets[rng.IntN(len(c.nets))],
+	spec := sandbox.SessionSpec{Image: sandbox.HostImage, Durability: sandbox.Ephemeral, Network: c.nets[rng.IntN(len(c.nets))],
 		TTLSeconds: crashLongTTL, Labels: map[string]string{"crash-run": c.runID, "crash-n": strconv.Itoa(n)}}
 	if rng.IntN(5) == 0 {
 		spec.TTLSeconds = crashShortTTL

@@ -399,7 +399,7 @@ func (c *crashRun) kill() {
 // needs a writable cgroup tree), so that the load asks for caps only
 // where they can be had.
 func (c *crashRun) probeCaps() {
-	spec := sandbox.SessionSpec{Image: host.Image, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress,
+	spec := sandbox.SessionSpec{Image: sandbox.HostImage, Durability: sandbox.Ephemeral, Network: sandbox.NetworkEgress,
 		MemoryMB: 256, TTLSeconds: 60, Labels: map[string]string{"crash-run": c.runID, "crash-probe": "caps"}}
 	ctx, cancel := context.WithTimeout(c.bg, crashOpTimeout)
 	defer cancel()
@@ -724,7 +724,7 @@ func (c *crashRun) reopenWorkspaces(ctx context.Context) {
 	}
 	m.mu.Unlock()
 	for _, k := range keys {
-		spec := sandbox.SessionSpec{Image: host.Image, Durability: sandbox.Persistent, WorkspaceKey: k.name,
+		spec := sandbox.SessionSpec{Image: sandbox.HostImage, Durability: sandbox.Persistent, WorkspaceKey: k.name,
 			Network: sandbox.NetworkEgress, TTLSeconds: crashLongTTL}
 		m.mu.Lock()
 		n := m.next()

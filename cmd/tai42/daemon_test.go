@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
 	"github.com/tai42/sandbox/server"
 )
@@ -34,7 +35,7 @@ type daemon struct {
 func startDaemon(t *testing.T) *daemon {
 	t.Helper()
 	dir := t.TempDir()
-	sb, err := host.New(host.Options{StateDir: dir, Policy: defaultPolicy, ReapInterval: -1})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: defaultPolicy, ReapInterval: -1}, ProviderOptions: kit.ProviderOptions{StateDir: dir}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +397,7 @@ func TestExecAndCpUsage(t *testing.T) {
 
 func TestDaemonTLS(t *testing.T) {
 	dir := t.TempDir()
-	sb, err := host.New(host.Options{StateDir: dir, Policy: defaultPolicy, ReapInterval: -1})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: defaultPolicy, ReapInterval: -1}, ProviderOptions: kit.ProviderOptions{StateDir: dir}})
 	if err != nil {
 		t.Fatal(err)
 	}

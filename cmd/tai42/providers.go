@@ -82,22 +82,32 @@ type embeddedProvider struct {
 var embeddedProviders = []embeddedProvider{
 	{name: host.Name, open: func(c providerConfig) (closableSandbox, error) {
 		return host.New(host.Options{
-			StateDir:           c.stateDir,
-			Policy:             c.policy,
-			ReapInterval:       c.reapInterval,
-			ExecDefaultTimeout: c.execTimeout,
-			MaxOutputBytes:     c.maxOutputBytes,
-			Logger:             c.logger,
-			Ledger:             c.ledger,
+			Options: kit.Options{
+				Policy:             c.policy,
+				ReapInterval:       c.reapInterval,
+				ExecDefaultTimeout: c.execTimeout,
+				Logger:             c.logger,
+				Ledger:             c.ledger,
+			},
+			ProviderOptions: kit.ProviderOptions{
+				StateDir:       c.stateDir,
+				MaxOutputBytes: c.maxOutputBytes,
+			},
 		})
 	}},
 	{name: container.Name, open: func(c providerConfig) (closableSandbox, error) {
 		return container.New(container.Options{
-			StateDir:           c.stateDir,
-			Policy:             c.policy,
-			ReapInterval:       c.reapInterval,
-			ExecDefaultTimeout: c.execTimeout,
-			MaxOutputBytes:     c.maxOutputBytes,
+			Options: kit.Options{
+				Policy:             c.policy,
+				ReapInterval:       c.reapInterval,
+				ExecDefaultTimeout: c.execTimeout,
+				Logger:             c.logger,
+				Ledger:             c.ledger,
+			},
+			ProviderOptions: kit.ProviderOptions{
+				StateDir:       c.stateDir,
+				MaxOutputBytes: c.maxOutputBytes,
+			},
 			Runtime:            c.runtime,
 			NetPrefix:          c.netPrefix,
 			EgressAllow:        c.egress.allow,
@@ -109,8 +119,6 @@ var embeddedProviders = []embeddedProvider{
 			DiskInodes:         int(c.disk.inodes),
 			DiskReserveMB:      c.disk.reserve(),
 			DiskPool:           c.disk.pool(c.durable),
-			Logger:             c.logger,
-			Ledger:             c.ledger,
 		})
 	}},
 }

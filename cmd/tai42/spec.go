@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/provider/host"
 )
 
 // runFlags are the flags of "tai42 run" as parsed.
@@ -38,7 +37,7 @@ type runFlags struct {
 
 // Defaults of "tai42 run".
 const (
-	defaultImage   = host.Image
+	defaultImage   = sandbox.HostImage
 	defaultNetwork = string(sandbox.NetworkNone)
 	defaultTTL     = 10 * time.Minute
 )

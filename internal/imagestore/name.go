@@ -6,12 +6,9 @@ import (
 	"regexp"
 	"strings"
 	"sync"
-)
 
-// HostName is the name of the container provider's built-in image (see
-// BuildHost). The store refuses it, with any tag: an imported image can
-// never shadow it.
-const HostName = "host"
+	"github.com/tai42/sandbox"
+)
 
 // DefaultTag is the tag a name without one gets: "busybox" is
 // "busybox:latest".
@@ -107,8 +104,8 @@ func CanonicalName(name string) (string, error) {
 		}
 	}
 	repo = strings.Join(parts, "/")
-	if repo == HostName {
-		return bad("%q is reserved: it is the container provider's built-in view of the host's system directories", HostName)
+	if repo == sandbox.HostImage {
+		return bad("%q is reserved: it is the container provider's built-in view of the host's system directories", sandbox.HostImage)
 	}
 	canon := repo + ":" + tag
 	if len(canon) > maxNameLen {

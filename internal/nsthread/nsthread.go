@@ -44,7 +44,7 @@ func InNetNS(ns *os.File, fn func() error) error {
 		}
 		defer orig.Close()
 		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			return false, fmt.Errorf("setns: %w", err)
+			return false, fmt.Errorf("entering the network namespace: %w", err)
 		}
 		ferr := fn()
 		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {

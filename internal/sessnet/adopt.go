@@ -11,7 +11,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/tai42/sandbox/internal/nsthread"
+	"github.com/tai42/sandbox/internal/netns"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -105,8 +105,8 @@ func (m *Manager) findNet(id string, tier sandbox.Network) (*Net, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer ns.close()
-	links, err := listLinks(ns.h)
+	defer ns.Close()
+	links, err := listLinks(ns.Netlink())
 	if err != nil {
 		return nil, fmt.Errorf("listing the links in its namespace: %w", err)
 	}
@@ -127,7 +127,7 @@ func (m *Manager) findNet(id string, tier sandbox.Network) (*Net, error) {
 	var found *tierNet
 	var addr netip.Addr
 	if eth0 != nil {
-		addrs, err := ns.h.AddrList(eth0, netlink.FAMILY_V4)
+		addrs, err := ns.Netlink().AddrList(eth0, netlink.FAMILY_V4)
 		if err != nil {
 			return nil, fmt.Errorf("listing the addresses of eth0 in its namespace: %w", err)
 		}
@@ -183,7 +183,7 @@ func (m *Manager) sessionAddr(addrs []netlink.Addr) (*tierNet, netip.Addr) {
 // hostPeer returns the name of the host-side veth whose peer is eth0 in ns:
 // eth0's IFLA_LINK is its index in the host's namespace, and that link must
 // be a veth named like this Manager's whose own peer is eth0, in ns.
-func (m *Manager) hostPeer(ns *netns, eth0 netlink.Link) (string, error) {
+func (m *Manager) hostPeer(ns *netns.NS, eth0 netlink.Link) (string, error) {
 	idx := eth0.Attrs().ParentIndex
 	if idx == 0 || eth0.Type() != "veth" {
 		return "", fmt.Errorf("eth0 in its namespace is a %s with no peer: not a veth this package made", eth0.Type())
@@ -199,7 +199,7 @@ func (m *Manager) hostPeer(ns *netns, eth0 netlink.Link) (string, error) {
 	if hl.Type() != "veth" || !m.ours(name) || name == m.internal.bridge || name == m.egress.bridge {
 		return "", fmt.Errorf("eth0's peer on the host is %s (a %s), not a veth named with the prefix %s", name, hl.Type(), m.prefix)
 	}
-	nsid, err := m.host.GetNetNsIdByFd(int(ns.f.Fd()))
+	nsid, err := m.host.GetNetNsIdByFd(int(ns.File().Fd()))
 	if err != nil {
 		return "", fmt.Errorf("looking up the id the host gives its namespace: %w", err)
 	}
@@ -212,7 +212,7 @@ func (m *Manager) hostPeer(ns *netns, eth0 netlink.Link) (string, error) {
 // openNetnsFile opens the network namespace bind-mounted at path, with a
 // rtnetlink socket inside it. It errs, saying so, when the file is missing,
 // is not mounted (its namespace ended), or holds another kind of namespace.
-func openNetnsFile(path string) (*netns, error) {
+func openNetnsFile(path string) (*netns.NS, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -220,44 +220,21 @@ func openNetnsFile(path string) (*netns, error) {
 		}
 		return nil, fmt.Errorf("opening its namespace file: %w", err)
 	}
-	ns := &netns{f: f}
 	var st unix.Statfs_t
 	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
-		ns.close()
+		f.Close()
 		return nil, fmt.Errorf("statfs of its namespace file %s: %w", path, err)
 	}
 	if st.Type != unix.NSFS_MAGIC {
-		ns.close()
+		f.Close()
 		return nil, fmt.Errorf("its namespace file %s is not mounted: the namespace ended", path)
 	}
-	err = nsthread.Locked(func() (bool, error) {
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			return false, fmt.Errorf("opening the thread's network namespace: %w", err)
-		}
-		defer orig.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			if errors.Is(err, unix.EINVAL) {
-				return false, fmt.Errorf("its namespace file %s holds a namespace that is not a network namespace", path)
-			}
-			return false, fmt.Errorf("entering the namespace at %s: %w", path, err)
-		}
-		h, herr := netlink.NewHandle(unix.NETLINK_ROUTE)
-		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			if h != nil {
-				h.Close()
-			}
-			return true, fmt.Errorf("restoring the thread's network namespace: %w", err)
-		}
-		if herr != nil {
-			return false, fmt.Errorf("opening a rtnetlink socket in the namespace at %s: %w", path, herr)
-		}
-		ns.h = h
-		return false, nil
-	})
-	if err != nil {
-		ns.close()
-		return nil, err
+	ns, err := netns.Open(f)
+	switch {
+	case errors.Is(err, unix.EINVAL):
+		return nil, fmt.Errorf("its namespace file %s holds a namespace that is not a network namespace", path)
+	case err != nil:
+		return nil, fmt.Errorf("its namespace file %s: %w", path, err)
 	}
 	return ns, nil
 }

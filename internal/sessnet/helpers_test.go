@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tai42/sandbox/internal/netns"
 	"github.com/tai42/sandbox/internal/nsthread"
 
 	"github.com/google/nftables"
@@ -192,7 +193,7 @@ type outside struct {
 	addr     netip.Addr // the outside host's own address
 	srv      *sessnettest.Server
 	hostLink string
-	ns       *netns
+	ns       *netns.NS
 }
 
 func newOutside(t testing.TB, prefix string) *outside {
@@ -200,15 +201,15 @@ func newOutside(t testing.TB, prefix string) *outside {
 	p := freePrefixes(t, netip.MustParsePrefix("198.18.0.0/15"), 24, 1)[0]
 	o := &outside{hostAddr: p.Addr().Next(), hostLink: "o" + prefix}
 	o.addr = o.hostAddr.Next()
-	ns, err := newNetns()
+	ns, err := netns.New(nsOptions)
 	if err != nil {
 		t.Fatalf("outside namespace: %v", err)
 	}
-	t.Cleanup(ns.close)
+	t.Cleanup(ns.Close)
 	o.ns = ns
 	la := netlink.NewLinkAttrs()
 	la.Name = o.hostLink
-	veth := &netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(ns.f.Fd())}
+	veth := &netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(ns.File().Fd())}
 	if err := netlink.LinkAdd(veth); err != nil {
 		t.Fatalf("outside veth: %v", err)
 	}
@@ -226,18 +227,18 @@ func newOutside(t testing.TB, prefix string) *outside {
 	if err := netlink.LinkSetUp(veth); err != nil {
 		t.Fatal(err)
 	}
-	eth0, err := ns.h.LinkByName("eth0")
+	eth0, err := ns.Netlink().LinkByName("eth0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ns.h.AddrAdd(eth0, &netlink.Addr{IPNet: &net.IPNet{IP: o.addr.AsSlice(), Mask: net.CIDRMask(24, 32)}}); err != nil {
+	if err := ns.Netlink().AddrAdd(eth0, &netlink.Addr{IPNet: &net.IPNet{IP: o.addr.AsSlice(), Mask: net.CIDRMask(24, 32)}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := ns.h.LinkSetUp(eth0); err != nil {
+	if err := ns.Netlink().LinkSetUp(eth0); err != nil {
 		t.Fatal(err)
 	}
 	var ln net.Listener
-	err = inNSFile(ns.f, func() error {
+	err = inNSFile(ns.File(), func() error {
 		var err error
 		ln, err = net.Listen("tcp4", netip.AddrPortFrom(o.addr, 0).String())
 		return err

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/tai42/sandbox/internal/netns"
 	"github.com/tai42/sandbox/internal/nsthread"
 
 	"github.com/vishvananda/netlink"
@@ -174,14 +175,14 @@ func (m *Manager) enableForwarding() error {
 // isolated ports. The namespace side is configured through
 // the namespace's own rtnetlink socket, without a thread switch. IPv6 stays
 // off on both sides (no link-local address to reach or be reached by).
-func (m *Manager) addVeth(n *Net, ns *netns, bridgeIndex int) error {
+func (m *Manager) addVeth(n *Net, ns *netns.NS, bridgeIndex int) error {
 	var veth *netlink.Veth
 	for attempt := 0; ; attempt++ {
 		la := netlink.NewLinkAttrs()
 		la.Name = fmt.Sprintf("%sv%08x", m.prefix, rand.Uint32())
 		la.Flags = net.FlagUp
 		la.MasterIndex = bridgeIndex
-		veth = &netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(ns.f.Fd())}
+		veth = &netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(ns.File().Fd())}
 		err := m.host.LinkAdd(veth)
 		if errors.Is(err, unix.EEXIST) && attempt < 5 {
 			continue // that name is taken: draw another
@@ -206,22 +207,22 @@ func (m *Manager) addVeth(n *Net, ns *netns, bridgeIndex int) error {
 			return fmt.Errorf("isolating the bridge port %s: %w", n.veth, err)
 		}
 	}
-	eth0, err := ns.h.LinkByName("eth0")
+	eth0, err := ns.Netlink().LinkByName("eth0")
 	if err != nil {
 		return fmt.Errorf("finding eth0 in the session's namespace: %w", err)
 	}
 	bits := n.tier.subnet.Bits()
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: n.addr.AsSlice(), Mask: net.CIDRMask(bits, 32)}}
-	if err := ns.h.AddrAdd(eth0, addr); err != nil {
+	if err := ns.Netlink().AddrAdd(eth0, addr); err != nil {
 		return fmt.Errorf("giving eth0 the address %s/%d: %w", n.addr, bits, err)
 	}
-	if err := ns.h.LinkSetUp(eth0); err != nil {
+	if err := ns.Netlink().LinkSetUp(eth0); err != nil {
 		return fmt.Errorf("bringing eth0 up: %w", err)
 	}
 	if n.tier == m.egress {
 		gw := n.tier.leases.gateway
 		route := &netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw.AsSlice()}
-		if err := ns.h.RouteAdd(route); err != nil {
+		if err := ns.Netlink().RouteAdd(route); err != nil {
 			return fmt.Errorf("adding the default route via %s: %w", gw, err)
 		}
 	}

@@ -57,6 +57,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/tai42/sandbox/internal/netns"
 	"github.com/tai42/sandbox/internal/nsthread"
 
 	"github.com/google/nftables"
@@ -148,7 +149,7 @@ type Manager struct {
 	hostNS   nsID
 	host     *netlink.Handle // rtnetlink socket in the host's namespace
 	nft      *nftables.Conn  // lasting nftables socket in the host's namespace
-	pool     *netnsPool
+	pool     *netns.Pool
 
 	infraMu sync.Mutex // guards the shared bridges, the table and m.nft's batches
 	tableUp bool
@@ -315,13 +316,13 @@ func newManager(cfg Config) (*Manager, error) {
 		egress: &tierNet{kind: sandbox.NetworkEgress, bridge: prefix + "-egr", subnet: egress,
 			leases: newLeases(egress)},
 		nets:      map[string]*Net{},
-		pool:      newNetnsPool(poolSize),
+		pool:      netns.NewPool(poolSize, nsOptions),
 		fences:    cloneFences(cfg.Fences),
 		onBlocked: cfg.OnBlocked,
 	}
 	// The host's namespace is the one of a thread of our own, read while it
 	// is locked: a thread of the process may be inside a session's namespace
-	// at that moment (see onLockedThread), never this one.
+	// at that moment (see nsthread.Locked), never this one.
 	err = nsthread.Locked(func() (bool, error) {
 		id, err := threadNS()
 		if err != nil {
@@ -486,11 +487,11 @@ func (m *Manager) Setup(ctx context.Context, id string, tier sandbox.Network) (n
 			return n, err
 		}
 	}
-	ns, err := m.pool.take()
+	ns, err := m.pool.Take()
 	if err != nil {
 		return n, err
 	}
-	defer ns.close() // the bind mount holds the namespace from here on
+	defer ns.Close() // the bind mount holds the namespace from here on
 	if err := n.mount(ns); err != nil {
 		return n, err
 	}
@@ -528,7 +529,7 @@ func (m *Manager) Setup(ctx context.Context, id string, tier sandbox.Network) (n
 }
 
 // mount bind-mounts the namespace onto a new file at n.path.
-func (n *Net) mount(ns *netns) error {
+func (n *Net) mount(ns *netns.NS) error {
 	f, err := os.OpenFile(n.path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
 	if err != nil {
 		if errors.Is(err, os.ErrExist) {
@@ -537,7 +538,7 @@ func (n *Net) mount(ns *netns) error {
 		return fmt.Errorf("creating the namespace file: %w", err)
 	}
 	f.Close()
-	if err := bindMount(ns.fdPath(), n.path); err != nil {
+	if err := bindMount(ns.FdPath(), n.path); err != nil {
 		os.Remove(n.path)
 		return fmt.Errorf("bind-mounting the namespace onto %s: %w", n.path, err)
 	}
@@ -633,7 +634,7 @@ func (m *Manager) Close() error {
 			errs = append(errs, fmt.Errorf("the network of session %s: %w", n.id, err))
 		}
 	}
-	m.pool.close()
+	m.pool.Close()
 	if err := m.removeInfra(); err != nil {
 		errs = append(errs, err)
 	}
@@ -667,7 +668,7 @@ func (m *Manager) Abandon() {
 }
 
 func (m *Manager) release() {
-	m.pool.close()
+	m.pool.Close()
 	// Before taking m.mu: the goroutines take it (and infraMu) as they
 	// work.
 	if m.stopWatch != nil {

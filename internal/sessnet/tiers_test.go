@@ -136,13 +136,13 @@ func TestInternal(t *testing.T) {
 	// Not even one way: nothing it sends arrives outside, even where the
 	// outside host could answer (it routes the internal subnet back to the
 	// host), and nothing the outside host sends arrives in a session.
-	addRoute(t, out.ns.fdPath(), m.internal.subnet, out.hostAddr)
-	outSink := newUDPSink(t, out.ns.fdPath(), out.addr)
+	addRoute(t, out.ns.FdPath(), m.internal.subnet, out.hostAddr)
+	outSink := newUDPSink(t, out.ns.FdPath(), out.addr)
 	arrives(t, "host -> outside UDP (control)", "", outSink)
 	nothingArrives(t, "internal with a default route -> outside UDP", rogue.Path(), netip.Addr{}, outSink)
 	intSink := newUDPSink(t, a.Path(), a.Addr())
 	arrives(t, "internal -> internal UDP (control)", b.Path(), intSink)
-	nothingArrives(t, "outside, routing to the internal subnet -> internal UDP", out.ns.fdPath(), netip.Addr{}, intSink)
+	nothingArrives(t, "outside, routing to the internal subnet -> internal UDP", out.ns.FdPath(), netip.Addr{}, intSink)
 }
 
 func TestEgress(t *testing.T) {
@@ -232,15 +232,15 @@ func TestEgress(t *testing.T) {
 
 	// Nothing opens a connection into an egress session, not even an outside
 	// host that routes the egress subnet to the host.
-	addRoute(t, out.ns.fdPath(), m.egress.subnet, out.hostAddr)
-	unreachable(t, "outside, routing to the egress subnet -> egress session", out.ns.fdPath(), egrSession.Addr)
+	addRoute(t, out.ns.FdPath(), m.egress.subnet, out.hostAddr)
+	unreachable(t, "outside, routing to the egress subnet -> egress session", out.ns.FdPath(), egrSession.Addr)
 	egrSink := newUDPSink(t, e.Path(), e.Addr())
 	arrives(t, "host -> egress UDP (control)", "", egrSink)
 	nothingArrives(t, "egress -> egress UDP", e2.Path(), netip.Addr{}, egrSink)
-	nothingArrives(t, "outside, routing to the egress subnet -> egress UDP", out.ns.fdPath(), netip.Addr{}, egrSink)
+	nothingArrives(t, "outside, routing to the egress subnet -> egress UDP", out.ns.FdPath(), netip.Addr{}, egrSink)
 	// ...nor into an internal one.
-	addRoute(t, out.ns.fdPath(), m.internal.subnet, out.hostAddr)
-	unreachable(t, "outside, routing to the internal subnet -> internal session", out.ns.fdPath(), intSession.Addr)
+	addRoute(t, out.ns.FdPath(), m.internal.subnet, out.hostAddr)
+	unreachable(t, "outside, routing to the internal subnet -> internal session", out.ns.FdPath(), intSession.Addr)
 
 	// An egress session cannot send as someone else: a source outside its
 	// subnet (here an internal session's address) is dropped, not forwarded

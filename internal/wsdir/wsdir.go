@@ -26,18 +26,19 @@ import (
 // it and a listing never shows it.
 const trashPrefix = "+removing-"
 
-// Store is the persistent workspaces of one provider: Dir holds one
-// directory per workspace_key (e.g. <state>/host/workspaces). Entries of
-// Dir that are not directories (symlinks included), or whose names are not
-// valid workspace keys, are not workspaces: List skips them and Remove does
-// not touch them. A Store holds no state; its methods are safe for
-// concurrent use, but two calls removing the same key at once are the
-// caller's to prevent (the kit holds the key while it removes).
+// Store is the persistent workspaces of one provider, and its
+// kit.WorkspaceStore: Dir holds one directory per workspace_key (e.g.
+// <state>/host/workspaces). Entries of Dir that are not directories
+// (symlinks included), or whose names are not valid workspace keys, are
+// not workspaces: Workspaces skips them and RemoveWorkspace does not touch
+// them. A Store holds no state; its methods are safe for concurrent use,
+// but two calls removing the same key at once are the caller's to prevent
+// (the kit holds the key while it removes).
 type Store struct {
 	Dir string
 }
 
-// List returns the workspaces in Dir, sorted by key, InUseBy empty.
+// Workspaces returns the workspaces in Dir, sorted by key, InUseBy empty.
 // SizeBytes is the sum of the sizes of the regular files below the
 // workspace, walked without following symlinks; a directory the process
 // may not read (a session may make one unreadable, and a daemon not run as
@@ -47,7 +48,7 @@ type Store struct {
 // empty list); a Dir that cannot be read, or a walk that fails otherwise,
 // is a *sandbox.SandboxError naming the path; ctx's end stops the walk
 // with an error matching ctx.Err().
-func (s Store) List(ctx context.Context) ([]sandbox.WorkspaceInfo, error) {
+func (s Store) Workspaces(ctx context.Context) ([]sandbox.WorkspaceInfo, error) {
 	root, err := os.OpenRoot(s.Dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return []sandbox.WorkspaceInfo{}, nil
@@ -126,7 +127,7 @@ func (s Store) size(ctx context.Context, fsys fs.FS, dir string) (int64, error) 
 	return total, nil
 }
 
-// Remove deletes the workspace key and everything in it. key must be a
+// RemoveWorkspace deletes the workspace key and everything in it. key must be a
 // valid workspace_key (see [sandbox.ValidWorkspaceKey]); any other, such as
 // "", ".." or "../x", is refused with a *sandbox.SandboxError before
 // anything is touched. A key with no workspace directory (nothing there,
@@ -140,10 +141,10 @@ func (s Store) size(ctx context.Context, fsys fs.FS, dir string) (int64, error) 
 // everything). Symlinks inside are removed, never followed. When removing
 // the files fails the workspace is nonetheless gone under its key, and the
 // *sandbox.SandboxError names the directory left to remove by hand; each
-// later Remove tries such leftovers again. ctx is checked before anything
+// later RemoveWorkspace tries such leftovers again. ctx is checked before anything
 // is touched; a removal once begun runs to its end. The caller must ensure
 // no session uses the workspace meanwhile.
-func (s Store) Remove(ctx context.Context, key string) error {
+func (s Store) RemoveWorkspace(ctx context.Context, key string) error {
 	if err := sandbox.ValidWorkspaceKey(key); err != nil {
 		return sandbox.Errorf("remove_workspace", "%v; no workspace can have it", err)
 	}

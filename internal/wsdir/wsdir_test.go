@@ -14,7 +14,12 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/unixuser/unixusertest"
+	"github.com/tai42/sandbox/kit"
 )
+
+// A provider whose workspaces are plain directories takes Store as its
+// kit.WorkspaceStore (the host runner embeds it).
+var _ kit.WorkspaceStore = Store{}
 
 func write(t *testing.T, path string, n int) {
 	t.Helper()
@@ -79,7 +84,7 @@ func TestListSizesKeysAndTimes(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	got, err := Store{Dir: dir}.List(t.Context())
+	got, err := Store{Dir: dir}.Workspaces(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +109,7 @@ func TestListSizesKeysAndTimes(t *testing.T) {
 }
 
 func TestListMissingDirIsEmpty(t *testing.T) {
-	got, err := Store{Dir: filepath.Join(t.TempDir(), "never-made")}.List(t.Context())
+	got, err := Store{Dir: filepath.Join(t.TempDir(), "never-made")}.Workspaces(t.Context())
 	if err != nil || got == nil || len(got) != 0 {
 		t.Errorf("List of a missing directory = %#v, %v; want an empty, non-nil list", got, err)
 	}
@@ -113,7 +118,7 @@ func TestListMissingDirIsEmpty(t *testing.T) {
 func TestListUnreadableDir(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "file")
 	write(t, file, 1)
-	_, err := Store{Dir: file}.List(t.Context())
+	_, err := Store{Dir: file}.Workspaces(t.Context())
 	var se *sandbox.SandboxError
 	if !errors.As(err, &se) || !strings.Contains(err.Error(), file) {
 		t.Errorf("List of a Dir that is a file = %v; want a SandboxError naming it", err)
@@ -125,7 +130,7 @@ func TestListCancelled(t *testing.T) {
 	write(t, filepath.Join(dir, "k", "f"), 1)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	if _, err := (Store{Dir: dir}).List(ctx); !errors.Is(err, context.Canceled) || !errors.Is(err, sandbox.ErrSandbox) {
+	if _, err := (Store{Dir: dir}).Workspaces(ctx); !errors.Is(err, context.Canceled) || !errors.Is(err, sandbox.ErrSandbox) {
 		t.Errorf("List with a cancelled context = %v; want a SandboxError matching context.Canceled", err)
 	}
 }
@@ -162,7 +167,7 @@ func TestRemove(t *testing.T) {
 	chmodBack(t, base)
 
 	s := Store{Dir: dir}
-	if err := s.Remove(t.Context(), "proj"); err != nil {
+	if err := s.RemoveWorkspace(t.Context(), "proj"); err != nil {
 		t.Fatalf("Remove: %v", err)
 	}
 	if _, err := os.Lstat(ws); !errors.Is(err, os.ErrNotExist) {
@@ -179,11 +184,11 @@ func TestRemove(t *testing.T) {
 	}
 	// A second removal: not found.
 	var nf *sandbox.WorkspaceNotFoundError
-	if err := s.Remove(t.Context(), "proj"); !errors.As(err, &nf) || nf.Key != "proj" || !errors.Is(err, sandbox.ErrWorkspaceNotFound) {
+	if err := s.RemoveWorkspace(t.Context(), "proj"); !errors.As(err, &nf) || nf.Key != "proj" || !errors.Is(err, sandbox.ErrWorkspaceNotFound) {
 		t.Errorf("removing it again = %v; want *WorkspaceNotFoundError{proj}", err)
 	}
 	// So is any key of a store whose directory does not exist.
-	if err := (Store{Dir: filepath.Join(base, "nope")}).Remove(t.Context(), "proj"); !errors.As(err, &nf) {
+	if err := (Store{Dir: filepath.Join(base, "nope")}).RemoveWorkspace(t.Context(), "proj"); !errors.As(err, &nf) {
 		t.Errorf("Remove in a missing directory = %v; want *WorkspaceNotFoundError", err)
 	}
 }
@@ -202,7 +207,7 @@ func TestRemoveRefusesWhatIsNotAWorkspace(t *testing.T) {
 	}
 	s := Store{Dir: dir}
 	for _, key := range []string{"", ".", "..", "../x", "../../x", "k/keep", "/", "/etc", "a\x00b", "+removing-k", strings.Repeat("a", sandbox.MaxWorkspaceKey+1)} {
-		err := s.Remove(t.Context(), key)
+		err := s.RemoveWorkspace(t.Context(), key)
 		var se *sandbox.SandboxError
 		if !errors.As(err, &se) || errors.Is(err, sandbox.ErrWorkspaceNotFound) || !strings.Contains(err.Error(), "workspace_key") {
 			t.Errorf("Remove(%q) = %v; want a SandboxError saying the key is not valid", key, err)
@@ -210,7 +215,7 @@ func TestRemoveRefusesWhatIsNotAWorkspace(t *testing.T) {
 	}
 	for _, key := range []string{"file", "link"} {
 		var nf *sandbox.WorkspaceNotFoundError
-		if err := s.Remove(t.Context(), key); !errors.As(err, &nf) {
+		if err := s.RemoveWorkspace(t.Context(), key); !errors.As(err, &nf) {
 			t.Errorf("Remove(%q) = %v; want *WorkspaceNotFoundError", key, err)
 		}
 	}
@@ -222,7 +227,7 @@ func TestRemoveRefusesWhatIsNotAWorkspace(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	if err := s.Remove(ctx, "k"); !errors.Is(err, context.Canceled) {
+	if err := s.RemoveWorkspace(ctx, "k"); !errors.Is(err, context.Canceled) {
 		t.Errorf("Remove with a cancelled context = %v; want context.Canceled", err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "k", "keep")); err != nil {
@@ -235,7 +240,7 @@ func TestRemoveSweepsLeftovers(t *testing.T) {
 	dir := t.TempDir()
 	write(t, filepath.Join(dir, trashPrefix+"old-0123", "sub", "f"), 5)
 	write(t, filepath.Join(dir, "k", "f"), 5)
-	if err := (Store{Dir: dir}).Remove(t.Context(), "k"); err != nil {
+	if err := (Store{Dir: dir}).RemoveWorkspace(t.Context(), "k"); err != nil {
 		t.Fatal(err)
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
@@ -252,7 +257,7 @@ const helperEnv = "TAI42_WSDIR_TEST_REMOVE" // TAI42_: unixusertest.AsNobody pas
 func TestMain(m *testing.M) {
 	if arg, ok := os.LookupEnv(helperEnv); ok {
 		dir, key, _ := strings.Cut(arg, "\n")
-		if err := (Store{Dir: dir}).Remove(context.Background(), key); err != nil {
+		if err := (Store{Dir: dir}).RemoveWorkspace(context.Background(), key); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(3)
 		}
@@ -297,7 +302,7 @@ func TestRemoveUnprivileged(t *testing.T) {
 		}
 	}
 	if !root {
-		if err := (Store{Dir: dir}).Remove(t.Context(), "proj"); err != nil {
+		if err := (Store{Dir: dir}).RemoveWorkspace(t.Context(), "proj"); err != nil {
 			t.Fatalf("Remove: %v", err)
 		}
 	} else {

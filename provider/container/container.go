@@ -101,30 +101,23 @@ import (
 	"github.com/tai42/sandbox/kit"
 )
 
-// Name is the provider's registered name; HostImage its built-in image.
-const (
-	Name      = "container"
-	HostImage = "host"
-)
+// Name is the provider's registered name. Its built-in image is
+// [sandbox.HostImage].
+const Name = "container"
 
-// Defaults for [Options].
-const (
-	DefaultMaxOutputBytes = 64 << 20
-	DefaultExitGrace      = 200 * time.Millisecond
-	DefaultStreamBuffer   = 4 << 20
-	DefaultPidsLimit      = 1024
-)
+// DefaultPidsLimit is the process cap of a session when [Options] sets
+// none.
+const DefaultPidsLimit = 1024
 
-// Options configure the container provider.
+// Options configure the container provider: the kit's, passed on to it,
+// those every provider takes, and its own. StateDir holds the sessions'
+// bundles and workspaces, the runtime's state and the image store
+// (<StateDir>/images). The Ledger (see [kit.Options.Ledger]): nil means
+// one in memory, and the provider then removes every session an earlier
+// run left; a durable one lets New bring back the sessions it holds live.
 type Options struct {
-	// StateDir holds the sessions' bundles and workspaces, the runtime's
-	// state and the image store (<StateDir>/images). Required.
-	StateDir string
-	// Policy is enforced by the kit at every create.
-	Policy sandbox.Policy
-	// ExecDefaultTimeout and ReapInterval are passed to the kit.
-	ExecDefaultTimeout time.Duration
-	ReapInterval       time.Duration
+	kit.Options
+	kit.ProviderOptions
 	// Runtime is the OCI runtime: "runc" (the default) or "crun", by name
 	// in PATH or by path.
 	Runtime string
@@ -137,16 +130,6 @@ type Options struct {
 	// another one; the commands it starts use the image's. New fails when
 	// it is not an ELF executable or a library it needs is not found.
 	AgentBinary string
-	// MaxOutputBytes bounds each of stdout and stderr held in memory by a
-	// non-interactive exec. 0 means [DefaultMaxOutputBytes].
-	MaxOutputBytes int64
-	// StreamBuffer bounds the output an interactive exec queues before it
-	// stops reading. 0 means [DefaultStreamBuffer].
-	StreamBuffer int
-	// ExitGrace is how long an exec's output may go on after its command
-	// exited while a process it left running holds the pipes. 0 means
-	// [DefaultExitGrace].
-	ExitGrace time.Duration
 	// PidsLimit caps the processes of a session. 0 means
 	// [DefaultPidsLimit].
 	PidsLimit int64
@@ -220,8 +203,6 @@ type Options struct {
 	// /etc/subgid range over the sessions' ids, and the root mount points
 	// under /run/tai42/roots reachable by others.
 	UserNamespace UserNamespaceMode
-	// Logger receives lifecycle events; never env values.
-	Logger *slog.Logger
 	// DiskMB caps what a session may write, in MiB: its root's upper
 	// layer, its /tmp and (ephemeral sessions) its workspace share one
 	// ext4 filesystem of that size, in a sparse image file on a loop
@@ -264,11 +245,6 @@ type Options struct {
 	// device) and fails otherwise, saying why and that DiskOff turns it
 	// off.
 	DiskOff bool
-	// Ledger is the kit's session ledger (see [kit.Options.Ledger]): nil
-	// means one in memory, and the provider then removes every session an
-	// earlier run left; a durable one lets New bring back the sessions it
-	// holds live.
-	Ledger kit.Ledger
 }
 
 // DefaultUserNamespace is the user namespace mode of an Options that sets
@@ -291,13 +267,7 @@ func New(opts Options) (*kit.Sandbox, error) {
 		}
 		return nil, err
 	}
-	return kit.New(p, kit.Options{
-		Policy:             opts.Policy,
-		ExecDefaultTimeout: opts.ExecDefaultTimeout,
-		ReapInterval:       opts.ReapInterval,
-		Logger:             opts.Logger,
-		Ledger:             opts.Ledger,
-	})
+	return kit.New(p, opts.Options)
 }
 
 type provider struct {
@@ -336,15 +306,7 @@ func newProvider(opts Options) (_ *provider, err error) {
 	if opts.StateDir == "" {
 		return nil, errors.New("container: a state directory is required")
 	}
-	if opts.MaxOutputBytes <= 0 {
-		opts.MaxOutputBytes = DefaultMaxOutputBytes
-	}
-	if opts.StreamBuffer <= 0 {
-		opts.StreamBuffer = DefaultStreamBuffer
-	}
-	if opts.ExitGrace <= 0 {
-		opts.ExitGrace = DefaultExitGrace
-	}
+	opts.ProviderOptions = opts.ProviderOptions.WithDefaults()
 	if opts.PidsLimit <= 0 {
 		opts.PidsLimit = DefaultPidsLimit
 	}
@@ -532,10 +494,10 @@ func (p *provider) Check(spec sandbox.SessionSpec) error {
 	no := func(field, format string, args ...any) error {
 		return &sandbox.SpecRejectedError{Field: field, Reason: sandbox.ReasonUnenforceable, Message: fmt.Sprintf(format, args...)}
 	}
-	if spec.Image != HostImage {
+	if spec.Image != sandbox.HostImage {
 		if _, err := p.images.Get(spec.Image); err != nil {
 			if errors.Is(err, imagestore.ErrNotFound) {
-				return no("image", "image %q is not in the local store (%s); import it with `tai42 image import FILE --name %s`, or use %q", spec.Image, p.images.Dir(), spec.Image, HostImage)
+				return no("image", "image %q is not in the local store (%s); import it with `tai42 image import FILE --name %s`, or use %q", spec.Image, p.images.Dir(), spec.Image, sandbox.HostImage)
 			}
 			return no("image", "image %q: %v", spec.Image, err)
 		}

@@ -131,7 +131,6 @@ func (p *provider) newCreation(ctx context.Context, req kit.CreateRequest) *crea
 	r := &resources{
 		p: p, id: req.ID, spec: req.Spec,
 		dir:    filepath.Join(p.sessDir, req.ID),
-		procs:  make(map[*rproc]struct{}),
 		initFD: -1,
 	}
 	r.teardown.Fault = p.createFault(req.ID)
@@ -268,7 +267,7 @@ func (r *resources) closeWorkspaceDisk(context.Context) error {
 // or takes the host image's binds.
 func (c *creation) image() (undo.Func, error) {
 	r, p := c.r, c.p
-	if c.req.Spec.Image == HostImage {
+	if c.req.Spec.Image == sandbox.HostImage {
 		for _, b := range p.host.Binds {
 			c.binds = append(c.binds, bind{source: b.Source, dest: b.Dest})
 		}

@@ -43,7 +43,7 @@ func createFailsAtEachStep(t *testing.T, p *testProvider) {
 	base := takeBaseline(t)
 	most := spec(containertest.Busybox, sandbox.NetworkEgress)
 	most.Durability, most.WorkspaceKey = sandbox.Persistent, "steps-"+randomToken(6)
-	least := spec(container.HostImage, sandbox.NetworkNone)
+	least := spec(sandbox.HostImage, sandbox.NetworkNone)
 	var ids []string
 	for _, sp := range []sandbox.SessionSpec{most, least} {
 		// The steps of a create of sp, as a create that succeeds asks.

@@ -74,7 +74,7 @@ func checkDynamicSession(t *testing.T, p *testProvider, agent, image string) {
 	if strings.Contains(maps, "/.tai42") {
 		t.Errorf("a command mapped the agent's libraries:\n%s", maps)
 	}
-	if image == container.HostImage && !strings.Contains(maps, "libc.so.6") {
+	if image == sandbox.HostImage && !strings.Contains(maps, "libc.so.6") {
 		t.Errorf("cat in the host image did not map the image's libc:\n%s", maps)
 	}
 

@@ -15,17 +15,6 @@ import (
 	"github.com/tai42/sandbox/kit"
 )
 
-// endReason is what ended an exec before its command exited on its own.
-type endReason int
-
-const (
-	endNone    endReason = iota
-	endKill              // the handle's Kill, or the caller's ctx
-	endTimeout           // timeout_seconds expired
-	endDestroy           // the session was destroyed
-	endLimit             // output over the in-memory limit
-)
-
 // rproc is one exec running in the container, as the provider sees it: the
 // agent's process, the sink its output goes to, the deadline, and why it
 // was ended.
@@ -41,7 +30,7 @@ type rproc struct {
 	done        chan struct{} // closed once the end is handed to the sink
 
 	mu     sync.Mutex
-	reason endReason
+	reason execout.EndReason
 }
 
 func (p *rproc) exited() bool {
@@ -74,10 +63,10 @@ func (r *resources) environ(env map[string]sandbox.Secret, user string) []string
 // that cannot be started is a result (exit 126 or 127), as the agent
 // reports it.
 func (r *resources) start(ctx context.Context, op string, req kit.ExecRequest, interactive bool, sk execout.Sink) (*rproc, error) {
-	if err := r.beginStart(); err != nil {
-		return nil, err
+	if !r.execs.Admit() {
+		return nil, r.gone()
 	}
-	defer r.starting.Done()
+	defer r.execs.Done()
 	p := &rproc{r: r, sink: sk, timeout: req.Timeout, interactive: interactive, done: make(chan struct{})}
 	if r.spec.MemoryMB > 0 {
 		// Only a session with a memory limit can have an exec killed by
@@ -88,8 +77,10 @@ func (r *resources) start(ctx context.Context, op string, req kit.ExecRequest, i
 		p.lens[i].Add(int64(len(b)))
 		if !sk.Write(i, b) {
 			// The client kills the exec (stop flavour) itself on false;
-			// this may run before Start has returned p.ap.
-			p.setReason(endLimit)
+			// this may run before Start has returned p.ap, so it cannot
+			// ask whether the command exited (a limit counts after the
+			// exit too).
+			p.setReason(execout.EndLimit, false)
 			sk.Stop()
 			return false
 		}
@@ -117,29 +108,24 @@ func (r *resources) start(ctx context.Context, op string, req kit.ExecRequest, i
 		return nil, err
 	}
 	p.ap = ap
-	r.register(p)
+	r.execs.Add(p)
 	p.timer = time.AfterFunc(req.Timeout, p.onTimeout)
 	go p.supervise()
 	return p, nil
 }
 
+// onTimeout kills the group. When the command exited in time but its
+// output is still going (a process it left in its group may keep writing
+// for ever), the timeout ends those processes; what is already in the
+// pipes is still read, and the command's own exit status stands.
 func (p *rproc) onTimeout() {
 	p.mu.Lock()
-	if p.reason != endNone {
-		p.mu.Unlock()
-		return
-	}
-	if p.exited() {
-		// The command exited in time, but its output is still going: a
-		// process it left in its group may keep writing for ever. The
-		// timeout ends those processes; what is already in the pipes is
-		// still read, and the command's own exit status stands.
-		p.mu.Unlock()
-		_ = p.ap.Kill(true)
-		return
-	}
-	p.reason = endTimeout
+	ended := p.reason != execout.EndNone
+	p.reason = p.reason.Then(execout.EndTimeout, p.exited())
 	p.mu.Unlock()
+	if ended {
+		return
+	}
 	// The agent drains what the killed group wrote, so the lengths count
 	// every byte.
 	_ = p.ap.Kill(true)
@@ -149,27 +135,21 @@ func (p *rproc) onTimeout() {
 // among the session's execs.
 func (p *rproc) release() {
 	p.ap.Close()
-	p.r.unregister(p)
+	p.r.execs.Remove(p)
 }
 
-// setReason records why the exec ends unless a reason came first.
-func (p *rproc) setReason(reason endReason) {
+// setReason records why the exec ends, exited telling whether the command
+// had exited by then (see [execout.EndReason.Then]).
+func (p *rproc) setReason(reason execout.EndReason, exited bool) {
 	p.mu.Lock()
-	if p.reason == endNone {
-		p.reason = reason
-	}
+	p.reason = p.reason.Then(reason, exited)
 	p.mu.Unlock()
 }
 
 // end kills the exec's process group and stops its output at once. The
-// first reason decides how the stream ends, except that a kill after the
-// command's exit keeps its own exit status.
-func (p *rproc) end(reason endReason) {
-	p.mu.Lock()
-	if p.reason == endNone && (reason != endKill || !p.exited()) {
-		p.reason = reason
-	}
-	p.mu.Unlock()
+// first reason decides how the stream ends (see [execout.EndReason.Then]).
+func (p *rproc) end(reason execout.EndReason) {
+	p.setReason(reason, p.exited())
 	p.sink.Stop()
 	_ = p.ap.Kill(false)
 }
@@ -196,35 +176,26 @@ func (p *rproc) supervise() {
 	if res.Err == nil && res.StatusKnown {
 		exit = &sandbox.StreamExit{ExitCode: res.ExitCode}
 	}
-	if reason == endTimeout && res.Err == nil && !res.KilledBeforeExit {
-		reason = endNone // the command exited on its own before the kill reached it
+	if reason == execout.EndTimeout && res.Err == nil && !res.KilledBeforeExit {
+		reason = execout.EndNone // the command exited on its own before the kill reached it
 	}
-	if reason == endNone && res.Err != nil && p.r.isClosed() {
-		reason = endDestroy
+	if reason == execout.EndNone && res.Err != nil && p.r.isClosed() {
+		reason = execout.EndDestroy
 	}
-	switch reason {
-	case endTimeout:
-		te := &sandbox.ExecTimeoutError{Timeout: p.timeout, StdoutLen: p.lens[0].Load(), StderrLen: p.lens[1].Load()}
-		if res.Held {
-			te.Note = "a process the command started still held the output after the kill; the lengths count the output received up to the stop"
-		}
-		p.sink.Finish(nil, te, exit)
-	case endDestroy:
-		p.sink.Finish(nil, &sandbox.SessionNotFoundError{SessionID: p.r.id, Detail: "the session was destroyed while the exec was running"}, exit)
-	case endLimit:
-		p.sink.Finish(nil, &sandbox.OutputLimitError{Limit: p.r.p.opts.MaxOutputBytes, StdoutLen: p.lens[0].Load(), StderrLen: p.lens[1].Load()}, exit)
+	ended := execout.Ended{SessionID: p.r.id, Timeout: p.timeout, Limit: p.r.p.opts.MaxOutputBytes,
+		Lens: [2]int64{p.lens[0].Load(), p.lens[1].Load()}, Held: res.Held}
+	switch err := reason.Err(ended); {
+	case err != nil:
+		p.sink.Finish(nil, err, exit)
+	case res.Err != nil:
+		p.sink.Finish(nil, sandbox.WrapError("exec", "lost the session's agent before the exec ended", res.Err), nil)
+	case !res.StatusKnown:
+		p.sink.Finish(nil, sandbox.Errorf("exec", "cannot read the exec's exit status"), nil)
 	default:
-		switch {
-		case res.Err != nil:
-			p.sink.Finish(nil, sandbox.WrapError("exec", "lost the session's agent before the exec ended", res.Err), nil)
-		case !res.StatusKnown:
-			p.sink.Finish(nil, sandbox.Errorf("exec", "cannot read the exec's exit status"), nil)
-		default:
-			if exit.ExitCode == 128+9 && p.r.spec.MemoryMB > 0 && p.r.p.cgroups.oomKills(cgroupsPath(p.r.id)) > p.oomAt {
-				p.sink.Write(1, fmt.Appendf(nil, "\ntai42: killed by the session's memory limit (memory_mb=%d)\n", p.r.spec.MemoryMB))
-			}
-			p.sink.Finish(exit, nil, exit)
+		if exit.ExitCode == 128+9 && p.r.spec.MemoryMB > 0 && p.r.p.cgroups.oomKills(cgroupsPath(p.r.id)) > p.oomAt {
+			p.sink.Write(1, fmt.Appendf(nil, "\ntai42: killed by the session's memory limit (memory_mb=%d)\n", p.r.spec.MemoryMB))
 		}
+		p.sink.Finish(exit, nil, exit)
 	}
 	close(p.done)
 }
@@ -239,7 +210,7 @@ func (r *resources) Exec(ctx context.Context, req kit.ExecRequest) (sandbox.Exec
 	select {
 	case <-p.done:
 	case <-ctx.Done():
-		p.end(endKill)
+		p.end(execout.EndKill)
 		<-p.done
 		return sandbox.ExecResult{}, sandbox.WrapError("exec", "the call was cancelled and the exec killed", ctx.Err())
 	}
@@ -342,7 +313,7 @@ func (h *handle) killed() {
 // left running in it) and waits until the stream's end is decided, so that
 // Next then ends promptly with the output taken in before the kill.
 func (h *handle) Kill(ctx context.Context) error {
-	h.p.end(endKill)
+	h.p.end(execout.EndKill)
 	select {
 	case <-h.p.done:
 		h.killed()

@@ -43,7 +43,7 @@ var permissive = sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbo
 // runtimes and images are what each test runs on.
 var (
 	runtimes = []string{"runc", "crun"}
-	images   = []string{container.HostImage, containertest.Busybox}
+	images   = []string{sandbox.HostImage, containertest.Busybox}
 )
 
 // callTimeout bounds one provider call of a test.

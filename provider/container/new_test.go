@@ -22,7 +22,7 @@ func (l *closeCountingLedger) Close() error { l.closes.Add(1); return nil }
 // when it fails (the kit's tests).
 func TestNewClosesLedgerOnFailure(t *testing.T) {
 	l := &closeCountingLedger{MemoryLedger: kit.NewMemoryLedger()}
-	if _, err := container.New(container.Options{Ledger: l}); err == nil {
+	if _, err := container.New(container.Options{Options: kit.Options{Ledger: l}}); err == nil {
 		t.Fatal("New without a state directory succeeded")
 	}
 	if n := l.closes.Load(); n != 1 {

@@ -374,8 +374,7 @@ func parallel(n int, fn func(i int)) {
 func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, mounted map[string]bool, lock *sessionlock.Lock) (_ *resources, err error) {
 	r := &resources{
 		p: p, id: k.ID, spec: k.Spec, lock: lock,
-		dir:    filepath.Join(p.sessDir, k.ID),
-		procs:  make(map[*rproc]struct{}),
+		dir: filepath.Join(p.sessDir, k.ID),
 		initFD: -1,
 	}
 	defer func() {
@@ -413,7 +412,7 @@ func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, 
 	}
 
 	env := p.host.Env
-	if k.Spec.Image != HostImage {
+	if k.Spec.Image != sandbox.HostImage {
 		img, release, err := p.images.Acquire(k.Spec.Image)
 		if err != nil {
 			return nil, fmt.Errorf("its image %q: %w", k.Spec.Image, err)

@@ -441,7 +441,7 @@ func testRecover(t *testing.T, rt string, mode container.UserNamespaceMode) {
 		{name: "internal, ephemeral, kept", spec: spec(bb, sandbox.NetworkInternal), keep: true},
 		{name: "internal, persistent, kept", spec: persistent(spec(bb, sandbox.NetworkInternal)), keep: true},
 		{name: "egress, ephemeral, kept", spec: spec(bb, sandbox.NetworkEgress), keep: true},
-		{name: "none, host image, kept", spec: spec(container.HostImage, sandbox.NetworkNone), keep: true},
+		{name: "none, host image, kept", spec: spec(sandbox.HostImage, sandbox.NetworkNone), keep: true},
 		{name: "none, persistent, not kept", spec: persistent(spec(bb, sandbox.NetworkNone))},
 		{name: "egress, not kept", spec: spec(bb, sandbox.NetworkEgress)},
 		{name: "internal, kept, its container killed", spec: spec(bb, sandbox.NetworkInternal), keep: true},
@@ -471,7 +471,7 @@ func testRecover(t *testing.T, rt string, mode container.UserNamespaceMode) {
 		if h["runtime"] != rt || h["remap"] != (mode == container.UserNamespaceOn) {
 			t.Errorf("session %s's handle %s: want runtime %s, remap %v", r.ID, r.Handle, rt, mode == container.UserNamespaceOn)
 		}
-		if img, _ := h["image"].(string); (r.Spec.Image == container.HostImage) != (img == "") || (img != "" && !strings.HasPrefix(img, "sha256:")) {
+		if img, _ := h["image"].(string); (r.Spec.Image == sandbox.HostImage) != (img == "") || (img != "" && !strings.HasPrefix(img, "sha256:")) {
 			t.Errorf("session %s (image %s)'s handle %s: want the image's digest, none for the host image", r.ID, r.Spec.Image, r.Handle)
 		}
 	}
@@ -673,7 +673,7 @@ func TestRecoverSweepsAll(t *testing.T) {
 	sessions := []*crashSession{
 		{name: "internal", spec: spec(containertest.Busybox, sandbox.NetworkInternal)},
 		{name: "egress, persistent", spec: sp},
-		{name: "none, host image", spec: spec(container.HostImage, sandbox.NetworkNone)},
+		{name: "none, host image", spec: spec(sandbox.HostImage, sandbox.NetworkNone)},
 	}
 	for _, s := range sessions {
 		makeCrashSession(t, sbA, s)

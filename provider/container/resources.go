@@ -21,6 +21,8 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/agent"
+	"github.com/tai42/sandbox/internal/execgate"
+	"github.com/tai42/sandbox/internal/execout"
 	"github.com/tai42/sandbox/internal/sessionlock"
 	"github.com/tai42/sandbox/internal/sessnet"
 	"github.com/tai42/sandbox/internal/undo"
@@ -59,12 +61,12 @@ type resources struct {
 	stuck    bool
 	ending   []*rproc // the execs Destroy ended, for removeContainer to wait for
 
-	starting sync.WaitGroup // execs between the closed check and register
+	// execs: running execs, and ended interactive ones whose handles are
+	// held; closed once Destroy has begun.
+	execs execgate.Gate[*rproc]
 
-	mu     sync.Mutex
-	closed bool
-	procs  map[*rproc]struct{} // running execs, and ended interactive ones whose handles are held
-	puts   map[string]int      // persistent workspace: directories with a put_file in flight
+	mu   sync.Mutex
+	puts map[string]int // persistent workspace: directories with a put_file in flight
 }
 
 var (
@@ -91,33 +93,19 @@ func (r *resources) dial(ctx context.Context) (net.Conn, error) {
 }
 
 // isClosed reports whether Destroy has begun.
-func (r *resources) isClosed() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.closed
-}
+func (r *resources) isClosed() bool { return r.execs.Closed() }
 
 // Destroy ends every exec, then the container (every process in it), and
 // removes the session's network, root overlay (and its idmapped image
 // and sysfs), cgroup and bundle; an ephemeral workspace goes with the bundle, a
 // persistent one is kept.
 func (r *resources) Destroy(ctx context.Context) error {
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
+	procs, first := r.execs.Close()
+	if !first {
 		return nil
 	}
-	r.closed = true
-	r.mu.Unlock()
-	r.starting.Wait()
-	r.mu.Lock()
-	procs := make([]*rproc, 0, len(r.procs))
-	for p := range r.procs {
-		procs = append(procs, p)
-	}
-	r.mu.Unlock()
 	for _, p := range procs {
-		p.end(endDestroy)
+		p.end(execout.EndDestroy)
 	}
 	// Killing the container's PID 1 ends every process in its pid
 	// namespace; the agent's connections end, so do the execs. Deleting a
@@ -228,30 +216,6 @@ func removeRootMount(dir string) error {
 	return nil
 }
 
-// beginStart admits an exec start unless the session is closed; the caller
-// calls r.starting.Done once the exec is registered or has failed.
-func (r *resources) beginStart() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return r.gone()
-	}
-	r.starting.Add(1)
-	return nil
-}
-
-func (r *resources) register(p *rproc) {
-	r.mu.Lock()
-	r.procs[p] = struct{}{}
-	r.mu.Unlock()
-}
-
-func (r *resources) unregister(p *rproc) {
-	r.mu.Lock()
-	delete(r.procs, p)
-	r.mu.Unlock()
-}
-
 // fileRef is p as the agent takes it: relative to the workspace, or to the
 // container's root for an absolute path outside it.
 func fileRef(p kit.Path) agent.FileRef {
@@ -294,18 +258,20 @@ func (r *resources) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) 
 	// flushes the file and its directory before it answers.
 	ref.Sync = r.spec.Durability == sandbox.Persistent && p.InWorkspace()
 	if ref.Sync {
-		// A destroy while it is in flight removes its temporary file.
+		// A destroy while it is in flight removes its temporary file: the
+		// put is admitted as an exec start is, so Destroy, once it has
+		// closed the gate, finds every put that passed it in r.puts.
 		dir := filepath.Dir(p.Rel)
-		r.mu.Lock()
-		if r.closed {
-			r.mu.Unlock()
+		if !r.execs.Admit() {
 			return r.gone()
 		}
+		r.mu.Lock()
 		if r.puts == nil {
 			r.puts = map[string]int{}
 		}
 		r.puts[dir]++
 		r.mu.Unlock()
+		r.execs.Done()
 		defer func() {
 			r.mu.Lock()
 			if r.puts != nil {

@@ -70,7 +70,7 @@ func TestExecUser(t *testing.T) {
 func TestExecStartUser(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T, rt string) {
 		p := newProvider(t, rt)
-		sess := p.session(t, spec(container.HostImage, sandbox.NetworkNone))
+		sess := p.session(t, spec(sandbox.HostImage, sandbox.NetworkNone))
 		h, err := sess.ExecStart(ctxFor(t), []string{"sh", "-c", "id -u"}, sandbox.StartOptions{Timeout: execTimeout, User: "65534:65534"})
 		if err != nil {
 			t.Fatal(err)

@@ -38,7 +38,7 @@ const unsTimeout = 60 * time.Second
 // unsRuntimes and unsImages are what the tests run on.
 var (
 	unsRuntimes = []string{"runc", "crun"}
-	unsImages   = []string{container.HostImage, containertest.Busybox}
+	unsImages   = []string{sandbox.HostImage, containertest.Busybox}
 )
 
 // unsBase is the host id of root in a remapped session.
@@ -231,7 +231,7 @@ func TestUserNamespaceSession(t *testing.T) {
 				if got := strings.Fields(unsMustSh(t, sess, "stat -c %u:%g / /etc /etc/passwd")); !slices.Equal(got, []string{"0:0", "0:0", "0:0"}) {
 					t.Errorf("owners of /, /etc and /etc/passwd in the session: %q, want 0:0 each", got)
 				}
-				if image == container.HostImage {
+				if image == sandbox.HostImage {
 					// A bind of the host's /usr: host root's, unmapped.
 					if got := strings.TrimSpace(unsMustSh(t, sess, "stat -c %u /usr/bin/env")); got != "65534" {
 						t.Errorf("owner of /usr/bin/env in the session: %s, want 65534 (the host's root, unmapped)", got)
@@ -246,7 +246,7 @@ func TestUserNamespaceSession(t *testing.T) {
 				if got := strings.Fields(unsMustSh(t, sess, "ls /sys/class/net; stat -c %u /sys/class/net/lo/operstate; ls -A /sys/fs/cgroup | wc -l; ls -A /sys/firmware | wc -l")); !slices.Equal(got, []string{"lo", "65534", "0", "0"}) {
 					t.Errorf("/sys in the session: network devices, owner of a file, entries of /sys/fs/cgroup and of /sys/firmware: %q, want lo, 65534 (host root, unmapped), 0, 0", got)
 				}
-				if image == container.HostImage {
+				if image == sandbox.HostImage {
 					// A port below 1024 in the session's own network
 					// namespace, as root in the session.
 					unsMustSh(t, sess, `python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 80))'`)
@@ -518,7 +518,7 @@ func TestUserNamespaceFallback(t *testing.T) {
 	if len(why) != 1 || !strings.Contains(why[0], "level=WARN") || !strings.Contains(why[0], "image store") {
 		t.Errorf("the auto provider's log says why it does not remap in %q, want one warning naming the image store; the log:\n%s", why, logs.String())
 	}
-	sess := unsSession(t, sb, unsSpec(container.HostImage, ""))
+	sess := unsSession(t, sb, unsSpec(sandbox.HostImage, ""))
 	if got := strings.Join(strings.Fields(unsMustSh(t, sess, "cat /proc/self/uid_map")), " "); got != "0 0 4294967295" {
 		t.Errorf("uid_map in a session of the fallen-back provider: %q, want the identity", got)
 	}

@@ -164,9 +164,9 @@ func (p *provider) makeWorkspaceImage(ctx context.Context, d *disk, key, dir str
 // on the host (its allocated blocks, st_blocks × 512: the journal and the
 // filesystem's own tables included, what its sessions deleted not, once
 // discarded) and its ModifiedAt the image file's mtime, its last write; a
-// directory's are as [wsdir.Store.List] says.
+// directory's are as [wsdir.Store.Workspaces] says.
 func (p *provider) Workspaces(ctx context.Context) ([]sandbox.WorkspaceInfo, error) {
-	dirs, err := wsdir.Store{Dir: p.perDir}.List(ctx)
+	dirs, err := wsdir.Store{Dir: p.perDir}.Workspaces(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -225,7 +225,7 @@ func (p *provider) RemoveWorkspace(ctx context.Context, key string) error {
 	img := p.wsImage(key)
 	fi, err := os.Lstat(img)
 	if err != nil || !fi.Mode().IsRegular() {
-		return wsdir.Store{Dir: p.perDir}.Remove(ctx, key)
+		return wsdir.Store{Dir: p.perDir}.RemoveWorkspace(ctx, key)
 	}
 	if dev := loopOf(img); dev != "" {
 		return sandbox.Errorf("remove_workspace", "workspace %q is still attached to /dev/%s (a session's mount of it); destroy that session first", key, dev)
@@ -233,7 +233,7 @@ func (p *provider) RemoveWorkspace(ctx context.Context, key string) error {
 	if err := os.Remove(img); err != nil {
 		return sandbox.WrapError("remove_workspace", "cannot remove workspace image "+img, err)
 	}
-	if err := (wsdir.Store{Dir: p.perDir}).Remove(ctx, key); err != nil && !errors.As(err, new(*sandbox.WorkspaceNotFoundError)) {
+	if err := (wsdir.Store{Dir: p.perDir}).RemoveWorkspace(ctx, key); err != nil && !errors.As(err, new(*sandbox.WorkspaceNotFoundError)) {
 		return err
 	}
 	return nil

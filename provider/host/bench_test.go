@@ -64,7 +64,7 @@ func runSubs(b *testing.B, subs ...sub) {
 // (every session destroyed) when the benchmark ends.
 func benchSandbox(b *testing.B) *kit.Sandbox {
 	b.Helper()
-	sb, err := host.New(host.Options{StateDir: b.TempDir(), Policy: benchPolicy})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: benchPolicy}, ProviderOptions: kit.ProviderOptions{StateDir: b.TempDir()}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func benchSandbox(b *testing.B) *kit.Sandbox {
 }
 
 func benchSpec(network sandbox.Network) sandbox.SessionSpec {
-	return sandbox.SessionSpec{Image: host.Image, Durability: sandbox.Ephemeral, Network: network, TTLSeconds: 600}
+	return sandbox.SessionSpec{Image: sandbox.HostImage, Durability: sandbox.Ephemeral, Network: network, TTLSeconds: 600}
 }
 
 // benchSession returns a live session in a fresh runner, destroyed when the

@@ -17,7 +17,7 @@ import (
 // that fails has the steps before it undone, last first, and a session
 // made keeps the stack for its Destroy, which unwinds it the same way.
 func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Resources, err error) {
-	r := &resources{p: p, id: req.ID, spec: req.Spec, procs: make(map[*proc]struct{})}
+	r := &resources{p: p, id: req.ID, spec: req.Spec}
 	if p.faults != nil {
 		r.teardown.Fault = func(step string) error { return p.faults(req.ID, step) }
 	}
@@ -47,7 +47,7 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 // at the key's first create, kept), or one of its own.
 func (r *resources) makeWorkspace() (undo.Func, error) {
 	if r.spec.Durability == sandbox.Persistent {
-		r.ws = filepath.Join(r.p.perDir, r.spec.WorkspaceKey)
+		r.ws = filepath.Join(r.p.Store.Dir, r.spec.WorkspaceKey)
 		return nil, os.MkdirAll(r.ws, 0o700)
 	}
 	r.ws = filepath.Join(r.p.ephDir, r.id)
@@ -93,14 +93,14 @@ func (r *resources) takeNetns() (undo.Func, error) {
 		return nil, nil
 	}
 	var err error
-	if r.netns, err = r.p.netPool.take(); err != nil {
+	if r.netns, err = r.p.netPool.Take(); err != nil {
 		return nil, fmt.Errorf("network namespace: %w", err)
 	}
 	return r.closeNetns, nil
 }
 
 func (r *resources) closeNetns(context.Context) error {
-	r.netns.close()
+	r.netns.Close()
 	return nil
 }
 

@@ -34,7 +34,7 @@ func (r *resources) Exec(ctx context.Context, req kit.ExecRequest) (sandbox.Exec
 	select {
 	case <-p.done:
 	case <-ctx.Done():
-		p.end(endKill)
+		p.end(execout.EndKill)
 		<-p.done
 		return sandbox.ExecResult{}, sandbox.WrapError("exec", "the call was cancelled and the exec killed", ctx.Err())
 	}

@@ -126,7 +126,7 @@ func (h *handle) Kill(ctx context.Context) error {
 	if h.p == nil {
 		return nil
 	}
-	h.p.end(endKill)
+	h.p.end(execout.EndKill)
 	select {
 	case <-h.p.done:
 		h.st.NoTimeout()

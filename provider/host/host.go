@@ -72,51 +72,25 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/netns"
 	"github.com/tai42/sandbox/internal/sessionlock"
+	"github.com/tai42/sandbox/internal/wsdir"
 	"github.com/tai42/sandbox/kit"
 )
 
-// Name is the provider's registered name; Image is its one image.
-const (
-	Name  = "host"
-	Image = "host"
-)
+// Name is the provider's registered name. Its one image is
+// [sandbox.HostImage].
+const Name = "host"
 
-// Defaults for [Options].
-const (
-	DefaultMaxOutputBytes = 64 << 20
-	DefaultExitGrace      = 200 * time.Millisecond
-	DefaultStreamBuffer   = 4 << 20
-)
-
-// Options configure the host runner.
+// Options configure the host runner: the kit's, passed on to it (a
+// durable Ledger brings back, at New, the sessions a killed process left),
+// and those every provider takes. StateDir holds the workspaces and the
+// per-session temp directories.
 type Options struct {
-	// StateDir holds workspaces and per-session temp directories. Required.
-	StateDir string
-	// Policy is enforced by the kit at every create.
-	Policy sandbox.Policy
-	// ExecDefaultTimeout and ReapInterval are passed to the kit.
-	ExecDefaultTimeout time.Duration
-	ReapInterval       time.Duration
-	// MaxOutputBytes bounds each of stdout and stderr held in memory by a
-	// non-interactive exec; past it the exec is killed with
-	// *sandbox.OutputLimitError. 0 means [DefaultMaxOutputBytes].
-	MaxOutputBytes int64
-	// StreamBuffer bounds the output an interactive exec queues before it
-	// stops reading (back-pressure). 0 means [DefaultStreamBuffer].
-	StreamBuffer int
-	// ExitGrace is how long an exec's output may go on after its command
-	// exited (or was killed by its timeout) while a process it left running
-	// still holds the pipes. 0 means [DefaultExitGrace].
-	ExitGrace time.Duration
-	// Logger receives lifecycle events; never env values.
-	Logger *slog.Logger
-	// Ledger is passed to the kit: a durable one (package ledger) brings
-	// back, at New, the sessions a killed process left. nil: in memory.
-	Ledger kit.Ledger
+	kit.Options
+	kit.ProviderOptions
 }
 
 // New returns the host runner wrapped by the kit. It owns opts.Ledger, as
@@ -129,19 +103,16 @@ func New(opts Options) (*kit.Sandbox, error) {
 		}
 		return nil, err
 	}
-	return kit.New(p, kit.Options{
-		Policy:             opts.Policy,
-		ExecDefaultTimeout: opts.ExecDefaultTimeout,
-		ReapInterval:       opts.ReapInterval,
-		Logger:             opts.Logger,
-		Ledger:             opts.Ledger,
-	})
+	return kit.New(p, opts.Options)
 }
 
 type provider struct {
-	opts     Options
-	ephDir   string // ephemeral workspaces
-	perDir   string // persistent workspaces, one per key
+	opts   Options
+	ephDir string // ephemeral workspaces
+	// wsdir.Store is the persistent workspaces, one directory per key
+	// under <state>/host/workspaces, and the runner's
+	// kit.WorkspaceStore as it is: Workspaces and RemoveWorkspace.
+	wsdir.Store
 	tmpDir   string // per-session TMPDIR
 	locks    *sessionlock.Dir
 	netErr   error // why network "none" cannot be enforced, or nil
@@ -150,7 +121,7 @@ type provider struct {
 	track    *tracker
 	trackErr error // why sessions' processes are not tracked, or nil
 	hostNet  *os.File
-	netPool  *netnsPool
+	netPool  *netns.Pool
 	devNull  *os.File // stdin of an exec given no input
 	hostPath string   // PATH for execs
 
@@ -159,9 +130,9 @@ type provider struct {
 
 // NewProvider returns the host runner's [kit.Provider] for opts, not yet
 // wrapped by the kit: for a caller that composes it (a test wrapping it to
-// inject faults) before [kit.New]. The kit closes it. Options that belong
-// to the kit (Policy, ExecDefaultTimeout, ReapInterval, Logger, Ledger) are
-// New's to pass on.
+// inject faults) before [kit.New]. The kit closes it. The kit's options
+// (opts.Options) are New's to pass on; of them the provider uses only the
+// Logger.
 func NewProvider(opts Options) (kit.Provider, error) {
 	defaultSignalsForCommands()
 	p, err := newProvider(opts)
@@ -175,15 +146,7 @@ func newProvider(opts Options) (*provider, error) {
 	if opts.StateDir == "" {
 		return nil, errors.New("host: a state directory is required")
 	}
-	if opts.MaxOutputBytes <= 0 {
-		opts.MaxOutputBytes = DefaultMaxOutputBytes
-	}
-	if opts.StreamBuffer <= 0 {
-		opts.StreamBuffer = DefaultStreamBuffer
-	}
-	if opts.ExitGrace <= 0 {
-		opts.ExitGrace = DefaultExitGrace
-	}
+	opts.ProviderOptions = opts.ProviderOptions.WithDefaults()
 	root, err := filepath.Abs(opts.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("host: state directory: %w", err)
@@ -192,11 +155,11 @@ func newProvider(opts Options) (*provider, error) {
 	p := &provider{
 		opts:     opts,
 		ephDir:   filepath.Join(root, "sessions"),
-		perDir:   filepath.Join(root, "workspaces"),
+		Store:    wsdir.Store{Dir: filepath.Join(root, "workspaces")},
 		tmpDir:   filepath.Join(root, "tmp"),
 		hostPath: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 	}
-	for _, d := range []string{p.ephDir, p.perDir, p.tmpDir} {
+	for _, d := range []string{p.ephDir, p.Store.Dir, p.tmpDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("host: state directory: %w", err)
 		}
@@ -209,7 +172,7 @@ func newProvider(opts Options) (*provider, error) {
 	}
 	p.hostNet, p.netErr = probeNetns()
 	if p.netErr == nil {
-		p.netPool = newNetnsPool(netnsPoolSize)
+		p.netPool = netns.NewPool(netnsPoolSize, netnsOptions)
 	}
 	p.cgroups, p.cgErr = findCgroups()
 	p.track, p.trackErr = findTracker()
@@ -224,7 +187,7 @@ const netnsPoolSize = 2
 // every session is destroyed.
 func (p *provider) Close() error {
 	if p.netPool != nil {
-		p.netPool.close()
+		p.netPool.Close()
 	}
 	if p.hostNet != nil {
 		p.hostNet.Close()
@@ -252,7 +215,10 @@ func (p *provider) Name() string                 { return Name }
 func (p *provider) Isolation() sandbox.Isolation { return sandbox.IsolationNone }
 func (p *provider) SharedFilesystem() bool       { return true }
 
-var _ kit.UserRunner = (*provider)(nil)
+var (
+	_ kit.UserRunner     = (*provider)(nil)
+	_ kit.WorkspaceStore = (*provider)(nil)
+)
 
 // RunsExecsAsUsers implements kit.UserRunner (see the package doc's
 // Users).
@@ -262,8 +228,8 @@ func (p *provider) Check(spec sandbox.SessionSpec) error {
 	no := func(field, format string, args ...any) error {
 		return &sandbox.SpecRejectedError{Field: field, Reason: sandbox.ReasonUnenforceable, Message: fmt.Sprintf(format, args...)}
 	}
-	if spec.Image != Image {
-		return no("image", "the host runner honours only image %q, not %q", Image, spec.Image)
+	if spec.Image != sandbox.HostImage {
+		return no("image", "the host runner honours only image %q, not %q", sandbox.HostImage, spec.Image)
 	}
 	switch spec.Network {
 	case sandbox.NetworkNone:

@@ -86,7 +86,7 @@ func newHost(t *testing.T, opts host.Options) (*kit.Sandbox, string) {
 }
 
 func hostSpec(network sandbox.Network) sandbox.SessionSpec {
-	return sandbox.SessionSpec{Image: host.Image, Durability: sandbox.Ephemeral, Network: network, TTLSeconds: 600}
+	return sandbox.SessionSpec{Image: sandbox.HostImage, Durability: sandbox.Ephemeral, Network: network, TTLSeconds: 600}
 }
 
 func mustCreate(t *testing.T, sb sandbox.Sandbox, spec sandbox.SessionSpec) sandbox.Session {
@@ -218,7 +218,7 @@ func TestLeftProcessEndsWithSession(t *testing.T) {
 // still held by it says so in its note.
 func TestCgroupCatchesEscapedProcesses(t *testing.T) {
 	needRoot(t)
-	sb, _ := newHost(t, host.Options{ExitGrace: 100 * time.Millisecond})
+	sb, _ := newHost(t, host.Options{ProviderOptions: kit.ProviderOptions{ExitGrace: 100 * time.Millisecond}})
 	spec := hostSpec(sandbox.NetworkEgress)
 	spec.MemoryMB, spec.CPU = 256, 1
 	s := mustCreate(t, sb, spec)
@@ -330,7 +330,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 	var buf bytes.Buffer
 	var mu sync.Mutex
 	logger := slog.New(slog.NewJSONHandler(lockedWriter{&buf, &mu}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	sb, _ := newHost(t, host.Options{Logger: logger})
+	sb, _ := newHost(t, host.Options{Options: kit.Options{Logger: logger}})
 	const secret = "s3cret-VALUE-42"
 	spec := hostSpec(sandbox.NetworkEgress)
 	spec.Env = sandbox.SecretEnv(map[string]string{"TOKEN": secret})
@@ -451,7 +451,7 @@ func TestNetnsSetupNeverStrandsThreads(t *testing.T) {
 		builders.Add(1)
 		go func() {
 			defer builders.Done()
-			sb, err := host.New(host.Options{StateDir: t.TempDir(), Policy: openPolicy, ReapInterval: -1})
+			sb, err := host.New(host.Options{Options: kit.Options{Policy: openPolicy, ReapInterval: -1}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 			if err != nil {
 				t.Error(err)
 				return
@@ -517,7 +517,7 @@ func sigignHelper() int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	sb, err := host.New(host.Options{StateDir: dir, Policy: openPolicy, ReapInterval: -1})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: openPolicy, ReapInterval: -1}, ProviderOptions: kit.ProviderOptions{StateDir: dir}})
 	if err != nil {
 		fmt.Println(err)
 		return 1
@@ -596,7 +596,7 @@ func (l *closeCountingLedger) Close() error { l.closes.Add(1); return nil }
 func TestNewClosesLedgerOnFailure(t *testing.T) {
 	for name, opts := range map[string]host.Options{
 		"before the kit": {},
-		"in the kit":     {StateDir: t.TempDir(), Policy: sandbox.Policy{Egress: "wide"}},
+		"in the kit":     {ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}, Options: kit.Options{Policy: sandbox.Policy{Egress: "wide"}}},
 	} {
 		l := &closeCountingLedger{MemoryLedger: kit.NewMemoryLedger()}
 		opts.Ledger = l

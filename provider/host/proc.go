@@ -20,17 +20,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// endReason is what ended an exec before its command exited on its own.
-type endReason int
-
-const (
-	endNone    endReason = iota
-	endKill              // the handle's Kill, or the caller's ctx
-	endTimeout           // timeout_seconds expired
-	endDestroy           // the session was destroyed
-	endLimit             // output over the in-memory limit
-)
-
 // readBufs are the readers' buffers: pooled, since an exec of a short
 // command would otherwise allocate (and zero) two of them for a few bytes.
 // A sink copies what it keeps.
@@ -57,7 +46,7 @@ type proc struct {
 	lens      [2]atomic.Int64
 
 	mu     sync.Mutex
-	reason endReason
+	reason execout.EndReason
 	held   bool // a reader stopped at the grace deadline: a left process held the pipe
 }
 
@@ -73,10 +62,10 @@ type started struct {
 // /dev/null). Errors are *sandbox.SandboxError (or *SessionNotFoundError once
 // the session is closed).
 func (r *resources) start(op string, req kit.ExecRequest, stdinPipe bool, sk execout.Sink) (started, error) {
-	if err := r.beginStart(); err != nil {
-		return started{}, err
+	if !r.execs.Admit() {
+		return started{}, r.gone()
 	}
-	defer r.starting.Done()
+	defer r.execs.Done()
 	fi, err := r.root.Stat(req.Cwd.Rel)
 	switch {
 	case err != nil && oscmd.Missing(err):
@@ -150,14 +139,14 @@ func (r *resources) start(op string, req kit.ExecRequest, stdinPipe bool, sk exe
 		attr.Dir = ""
 		err = nsthread.InDir(dir, func() error {
 			if r.netns != nil {
-				if err := r.netns.enter(); err != nil {
+				if err := r.netns.Enter(); err != nil {
 					return err
 				}
 			}
 			return startFn()
 		})
 	case r.netns != nil:
-		err = r.netns.run(r.p.hostNet, startFn)
+		err = r.netns.Run(r.p.hostNet, startFn)
 	default:
 		err = startFn()
 	}
@@ -285,7 +274,7 @@ func (p *proc) read(i int) {
 		if n > 0 {
 			p.lens[i].Add(int64(n))
 			if !p.sink.Write(i, buf[:n]) {
-				p.end(endLimit)
+				p.end(execout.EndLimit)
 				return
 			}
 		}
@@ -300,23 +289,18 @@ func (p *proc) read(i int) {
 	}
 }
 
+// onTimeout kills the group. When the command exited in time but its
+// output is still going (a process it left in its group may keep writing
+// for ever), the timeout ends those processes; what is already in the
+// pipes is still read, and the command's own exit status stands.
 func (p *proc) onTimeout() {
 	p.mu.Lock()
-	if p.reason != endNone {
-		p.mu.Unlock()
-		return
-	}
-	if p.exited.Load() {
-		// The command exited in time, but its output is still going: a
-		// process it left in its group may keep writing for ever. The
-		// timeout ends those processes; what is already in the pipes is
-		// still read, and the command's own exit status stands.
-		p.mu.Unlock()
-		p.killGroup()
-		return
-	}
-	p.reason = endTimeout
+	ended := p.reason != execout.EndNone
+	p.reason = p.reason.Then(execout.EndTimeout, p.exited.Load())
 	p.mu.Unlock()
+	if ended {
+		return
+	}
 	// The readers drain what the killed group wrote, so the lengths count
 	// every byte; the grace bounds a process outside the group holding on.
 	p.killGroup()
@@ -324,15 +308,10 @@ func (p *proc) onTimeout() {
 
 // end kills the exec's process group (and, after the command's exit, what
 // it left running) and stops reading at once. The first reason decides how
-// the stream ends, except that a kill after the command's exit keeps its
-// own exit status (the output not yet taken in may end with it). A destroy
-// or an output limit cuts the output short even after the exit, so they
-// always say so rather than hand back a truncated result.
-func (p *proc) end(reason endReason) {
+// the stream ends (see [execout.EndReason.Then]).
+func (p *proc) end(reason execout.EndReason) {
 	p.mu.Lock()
-	if p.reason == endNone && (reason != endKill || !p.exited.Load()) {
-		p.reason = reason
-	}
+	p.reason = p.reason.Then(reason, p.exited.Load())
 	p.mu.Unlock()
 	p.killGroup()
 	p.sink.Stop()
@@ -362,23 +341,15 @@ func (p *proc) supervise() {
 	if werr == nil {
 		exit = &sandbox.StreamExit{ExitCode: exitCode(state)}
 	}
-	switch reason {
-	case endTimeout:
-		te := &sandbox.ExecTimeoutError{Timeout: p.timeout, StdoutLen: p.lens[0].Load(), StderrLen: p.lens[1].Load()}
-		if held {
-			te.Note = "a process the command started still held the output after the kill; the lengths count the output received up to the stop"
-		}
-		p.sink.Finish(nil, te, exit)
-	case endDestroy:
-		p.sink.Finish(nil, &sandbox.SessionNotFoundError{SessionID: p.r.id, Detail: "the session was destroyed while the exec was running"}, exit)
-	case endLimit:
-		p.sink.Finish(nil, &sandbox.OutputLimitError{Limit: p.r.p.opts.MaxOutputBytes, StdoutLen: p.lens[0].Load(), StderrLen: p.lens[1].Load()}, exit)
+	ended := execout.Ended{SessionID: p.r.id, Timeout: p.timeout, Limit: p.r.p.opts.MaxOutputBytes,
+		Lens: [2]int64{p.lens[0].Load(), p.lens[1].Load()}, Held: held}
+	switch err := reason.Err(ended); {
+	case err != nil:
+		p.sink.Finish(nil, err, exit)
+	case werr != nil:
+		p.sink.Finish(nil, sandbox.WrapError("exec", "cannot read the exec's exit status", werr), nil)
 	default:
-		if werr != nil {
-			p.sink.Finish(nil, sandbox.WrapError("exec", "cannot read the exec's exit status", werr), nil)
-		} else {
-			p.sink.Finish(exit, nil, exit)
-		}
+		p.sink.Finish(exit, nil, exit)
 	}
 	close(p.done)
 }

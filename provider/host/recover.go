@@ -118,7 +118,7 @@ func (p *provider) Recover(ctx context.Context, keep []kit.Kept) ([]kit.Recovere
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("host: sweeping what an earlier run left: %w", err)
 	}
-	if err := p.removePutTemps(ctx, p.perDir); err != nil {
+	if err := p.removePutTemps(ctx, p.Store.Dir); err != nil {
 		p.log().Warn("host: cannot remove interrupted put_file temporaries from the persistent workspaces", "err", err)
 	}
 	out := make([]kit.Recovered, 0, len(keep))
@@ -151,7 +151,7 @@ func (p *provider) reattach(ctx context.Context, k kit.Kept, lock *sessionlock.L
 	if err := validID(k.ID); err != nil {
 		return nil, err
 	}
-	r := &resources{p: p, id: k.ID, spec: k.Spec, procs: make(map[*proc]struct{})}
+	r := &resources{p: p, id: k.ID, spec: k.Spec}
 	defer func() {
 		if err != nil {
 			_ = r.cleanup()
@@ -197,7 +197,7 @@ func (p *provider) reattach(ctx context.Context, k kit.Kept, lock *sessionlock.L
 func (r *resources) findWorkspace(raw json.RawMessage) (undo.Func, error) {
 	var remove undo.Func
 	if r.spec.Durability == sandbox.Persistent {
-		r.ws = filepath.Join(r.p.perDir, r.spec.WorkspaceKey)
+		r.ws = filepath.Join(r.p.Store.Dir, r.spec.WorkspaceKey)
 	} else {
 		r.ws = filepath.Join(r.p.ephDir, r.id)
 		remove = r.removeWorkspace

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/ledger"
 	"github.com/tai42/sandbox/provider/host"
 )
@@ -44,7 +45,7 @@ func crashHelper() int {
 	if err != nil {
 		return fail(err)
 	}
-	sb, err := host.New(host.Options{StateDir: dir, Policy: openPolicy, ReapInterval: -1, Ledger: l})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: openPolicy, ReapInterval: -1, Ledger: l}, ProviderOptions: kit.ProviderOptions{StateDir: dir}})
 	if err != nil {
 		return fail(err)
 	}
@@ -161,7 +162,7 @@ func TestRecoverAfterKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb, err := host.New(host.Options{StateDir: dir, Policy: openPolicy, ReapInterval: -1, Ledger: l})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: openPolicy, ReapInterval: -1, Ledger: l}, ProviderOptions: kit.ProviderOptions{StateDir: dir}})
 	if err != nil {
 		t.Fatal(err)
 	}

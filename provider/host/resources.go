@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/execgate"
+	"github.com/tai42/sandbox/internal/execout"
+	"github.com/tai42/sandbox/internal/netns"
 	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/internal/sessionlock"
 	"github.com/tai42/sandbox/internal/undo"
@@ -30,18 +33,16 @@ type resources struct {
 	ws       string
 	root     *os.Root
 	tmp      string
-	netns    *netns
+	netns    *netns.NS
 	cg       *cgroup
 	grp      *group // the tracking cgroup; nil where there is none
 	lock     *sessionlock.Lock
 	teardown undo.Stack // the undos of what Create made, the last made on top
 
-	starting sync.WaitGroup // execs between the closed check and register
+	execs execgate.Gate[*proc] // running execs
 
 	mu     sync.Mutex
-	closed bool
-	procs  map[*proc]struct{} // running execs
-	groups map[int]struct{}   // process groups that may still have members
+	groups map[int]struct{} // process groups that may still have members
 }
 
 var _ kit.Resources = (*resources)(nil)
@@ -61,27 +62,19 @@ func (r *resources) gone() error {
 // then removes its cgroup, network namespace, temp directory and (when
 // ephemeral) its workspace.
 func (r *resources) Destroy(context.Context) error {
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
+	// An exec admitted before the close finishes starting and registers
+	// before anything it uses (the netns, the root) is released.
+	procs, first := r.execs.Close()
+	if !first {
 		return nil
 	}
-	r.closed = true
-	r.mu.Unlock()
-	// An exec that passed the closed check finishes starting and registers
-	// before anything it uses (the netns, the root) is released.
-	r.starting.Wait()
 	r.mu.Lock()
-	procs := make([]*proc, 0, len(r.procs))
-	for p := range r.procs {
-		procs = append(procs, p)
-	}
 	groups := r.groups
 	r.groups = nil
 	r.mu.Unlock()
 
 	for _, p := range procs {
-		p.end(endDestroy)
+		p.end(execout.EndDestroy)
 	}
 	for pg := range groups {
 		_ = syscall.Kill(-pg, syscall.SIGKILL)
@@ -108,24 +101,13 @@ func (r *resources) cleanup() error {
 	return err
 }
 
-// beginStart admits an exec start unless the session is closed; the caller
-// calls r.starting.Done once the exec is registered or has failed.
-func (r *resources) beginStart() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return r.gone()
-	}
-	r.starting.Add(1)
-	return nil
-}
-
-// register records a started exec. Destroy waits for admitted starts, so
-// every started exec is registered before Destroy ends them.
+// register records a started exec and its process group. Destroy waits
+// for admitted starts, so every started exec is registered before Destroy
+// ends them.
 func (r *resources) register(p *proc) {
+	r.execs.Add(p)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.procs[p] = struct{}{}
 	if r.groups == nil {
 		r.groups = make(map[int]struct{})
 	}
@@ -136,8 +118,8 @@ func (r *resources) register(p *proc) {
 // left running in it.
 func (r *resources) unregister(p *proc) {
 	left := syscall.Kill(-p.pid, 0) == nil
+	r.execs.Remove(p)
 	r.mu.Lock()
-	delete(r.procs, p)
 	if !left {
 		delete(r.groups, p.pid)
 	}

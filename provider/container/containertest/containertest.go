@@ -195,12 +195,12 @@ func EgressSubnet(t testing.TB) netip.Prefix { Require(t); return env.egress }
 func Options(t testing.TB, rt string, policy sandbox.Policy) container.Options {
 	Require(t)
 	return container.Options{
-		StateDir:    t.TempDir(),
-		Policy:      policy,
-		Runtime:     rt,
-		AgentBinary: env.agent,
-		Images:      env.images,
-		Network:     env.net,
+		Options:         kit.Options{Policy: policy},
+		ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()},
+		Runtime:         rt,
+		AgentBinary:     env.agent,
+		Images:          env.images,
+		Network:         env.net,
 	}
 }
 
@@ -302,7 +302,7 @@ func SuiteOptions(image string) sandboxtest.Options {
 		Logs:               true,
 		User:               &sandboxtest.UserOptions{Name: "nobody", UID: 65534, GID: 65534, Home: "/nonexistent"},
 	}
-	if image == container.HostImage {
+	if image == sandbox.HostImage {
 		opts.User = sandboxtest.HostUser("nobody")
 		if opts.User == nil || opts.User.UID >= container.UserNamespaceSize || opts.User.GID >= container.UserNamespaceSize {
 			opts.User = sandboxtest.HostUser("root")

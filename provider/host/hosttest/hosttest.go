@@ -23,7 +23,7 @@ import (
 // unhonoured, so the suite checks that they are rejected instead.
 func Options(t testing.TB) sandboxtest.Options {
 	opts := sandboxtest.Options{
-		Image:                           host.Image,
+		Image:                           sandbox.HostImage,
 		Isolation:                       sandbox.IsolationNone,
 		Networks:                        []sandbox.Network{sandbox.NetworkEgress},
 		Durable:                         true,
@@ -99,7 +99,7 @@ func open(t testing.TB, cfg sandboxtest.Config, dir string) *kit.Sandbox {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb, err := host.New(host.Options{StateDir: dir, Policy: cfg.Policy, ReapInterval: cfg.ReapInterval, Ledger: l, Logger: cfg.Logger})
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: cfg.Policy, ReapInterval: cfg.ReapInterval, Ledger: l, Logger: cfg.Logger}, ProviderOptions: kit.ProviderOptions{StateDir: dir}})
 	if err != nil {
 		l.Close()
 		t.Fatal(err)
