@@ -8,9 +8,9 @@ import (
 	"testing"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/provider/container/containertest"
 	"github.com/tai42/sandbox/internal/undo"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
 var errInjected = errors.New("injected failure")

@@ -374,7 +374,7 @@ func parallel(n int, fn func(i int)) {
 func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, mounted map[string]bool, lock *sessionlock.Lock) (_ *resources, err error) {
 	r := &resources{
 		p: p, id: k.ID, spec: k.Spec, lock: lock,
-		dir: filepath.Join(p.sessDir, k.ID),
+		dir:    filepath.Join(p.sessDir, k.ID),
 		initFD: -1,
 	}
 	defer func() {

@@ -16,7 +16,7 @@ import (
 // makes something pushes its undo on the session's teardown stack: a step
 // that fails has the steps before it undone, last first, and a session
 // made keeps the stack for its Destroy, which unwinds it the same way.
-func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Resources, err error) {
+func (p *provider) Create(_ context.Context, req kit.CreateRequest) (_ kit.Resources, err error) {
 	r := &resources{p: p, id: req.ID, spec: req.Spec}
 	if p.faults != nil {
 		r.teardown.Fault = func(step string) error { return p.faults(req.ID, step) }
@@ -27,7 +27,7 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 	}
 	defer func() {
 		if err != nil {
-			r.cleanup()
+			_ = r.cleanup() // the create's error is the one to report
 		}
 	}()
 	if err := r.teardown.Run(
