@@ -17,9 +17,9 @@ import (
 // The registry never closes a sandbox: whoever registered it (or its
 // opener) owns what it is, and closes it when done.
 type Registry struct {
-	mu    sync.Mutex
-	byNm  map[string]*entry
-	order []string
+	mu     sync.Mutex
+	byName map[string]*entry
+	order  []string
 }
 
 // entry is one registered name: a sandbox, or the opener that makes it on
@@ -72,13 +72,13 @@ func (r *Registry) add(name string, e *entry) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, dup := r.byNm[name]; dup {
+	if _, dup := r.byName[name]; dup {
 		return fmt.Errorf("sandbox: register: provider %q is already registered", name)
 	}
-	if r.byNm == nil {
-		r.byNm = make(map[string]*entry)
+	if r.byName == nil {
+		r.byName = make(map[string]*entry)
 	}
-	r.byNm[name] = e
+	r.byName[name] = e
 	r.order = append(r.order, name)
 	return nil
 }
@@ -88,10 +88,10 @@ func (r *Registry) add(name string, e *entry) error {
 func (r *Registry) Unregister(name string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, ok := r.byNm[name]; !ok {
+	if _, ok := r.byName[name]; !ok {
 		return false
 	}
-	delete(r.byNm, name)
+	delete(r.byName, name)
 	r.order = slices.DeleteFunc(r.order, func(n string) bool { return n == name })
 	return true
 }
@@ -121,7 +121,7 @@ func (r *Registry) lookup(name string) (*entry, string, error) {
 		}
 		name = r.order[0]
 	}
-	if e, ok := r.byNm[name]; ok {
+	if e, ok := r.byName[name]; ok {
 		return e, name, nil
 	}
 	return nil, "", &UnavailableError{Name: name, Registered: slices.Clone(r.order)}

@@ -53,12 +53,12 @@ type Options struct {
 // Sandbox is a kit-built [sandbox.Sandbox]. Close it when done: it stops the
 // reaper and destroys every live session.
 type Sandbox struct {
-	prov   Provider
-	policy sandbox.Policy
-	execTO time.Duration
-	reapIv time.Duration
-	log    *slog.Logger
-	ledger Ledger
+	prov         Provider
+	policy       sandbox.Policy
+	execTimeout  time.Duration
+	reapInterval time.Duration
+	log          *slog.Logger
+	ledger       Ledger
 
 	mu       sync.Mutex
 	sessions map[string]*session
@@ -101,20 +101,20 @@ func New(prov Provider, opts Options) (_ *Sandbox, err error) {
 		return nil, fmt.Errorf("kit: provider %q reports isolation %q", prov.Name(), prov.Isolation())
 	}
 	s := &Sandbox{
-		prov:     prov,
-		policy:   opts.Policy,
-		execTO:   opts.ExecDefaultTimeout,
-		reapIv:   opts.ReapInterval,
-		log:      opts.Logger,
-		ledger:   opts.Ledger,
-		sessions: make(map[string]*session),
-		keys:     make(map[string]*keyHold),
+		prov:         prov,
+		policy:       opts.Policy,
+		execTimeout:  opts.ExecDefaultTimeout,
+		reapInterval: opts.ReapInterval,
+		log:          opts.Logger,
+		ledger:       opts.Ledger,
+		sessions:     make(map[string]*session),
+		keys:         make(map[string]*keyHold),
 	}
-	if s.execTO <= 0 {
-		s.execTO = DefaultExecTimeout
+	if s.execTimeout <= 0 {
+		s.execTimeout = DefaultExecTimeout
 	}
-	if s.reapIv == 0 {
-		s.reapIv = DefaultReapInterval
+	if s.reapInterval == 0 {
+		s.reapInterval = DefaultReapInterval
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -126,7 +126,7 @@ func New(prov Provider, opts Options) (_ *Sandbox, err error) {
 	if err := s.recover(context.Background()); err != nil {
 		return nil, err
 	}
-	if s.reapIv > 0 {
+	if s.reapInterval > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.stopReaper, s.reaperDone = cancel, make(chan struct{})
 		go s.reaper(ctx)
@@ -141,15 +141,15 @@ func (s *Sandbox) Provider() Provider { return s.prov }
 func (s *Sandbox) Policy() sandbox.Policy { return s.policy }
 
 // ExecDefaultTimeout implements [sandbox.Sandbox].
-func (s *Sandbox) ExecDefaultTimeout() time.Duration { return s.execTO }
+func (s *Sandbox) ExecDefaultTimeout() time.Duration { return s.execTimeout }
 
 // ReapInterval implements [sandbox.Sandbox]; negative when the background
 // reaper is off.
-func (s *Sandbox) ReapInterval() time.Duration { return s.reapIv }
+func (s *Sandbox) ReapInterval() time.Duration { return s.reapInterval }
 
 func (s *Sandbox) reaper(ctx context.Context) {
 	defer close(s.reaperDone)
-	t := time.NewTicker(s.reapIv)
+	t := time.NewTicker(s.reapInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -283,7 +283,7 @@ func (s *Sandbox) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (
 		forget()
 		return nil, sandbox.WrapForeign("create_session", "provider "+s.prov.Name()+" could not create the session", err)
 	}
-	if h, ok := res.(Handler); ok {
+	if h, ok := res.(Recoverable); ok {
 		ss.handle = h.Handle()
 	}
 	now := time.Now()

@@ -39,7 +39,7 @@ type Record struct {
 	WorkspacePath string
 	CreatedAt     time.Time
 	ExpiresAt     time.Time
-	// Handle is what the provider's [Handler] returned at create; nil
+	// Handle is what the provider's [Recoverable] returned at create; nil
 	// when it has none.
 	Handle json.RawMessage
 }
@@ -59,11 +59,11 @@ type Ledger interface {
 	Close() error
 }
 
-// Handler is an optional interface of [Resources]: Handle is the
+// Recoverable is an optional interface of [Resources]: Handle is the
 // provider's reference to the session's resources, recorded in the ledger
 // when the session is created and handed back to [Recoverer.Recover] after
 // a restart. It is read once, after Create returned.
-type Handler interface {
+type Recoverable interface {
 	Handle() json.RawMessage
 }
 

@@ -77,7 +77,7 @@ func (s *Sandbox) recover(ctx context.Context) error {
 		}
 		ss := &session{kit: s, id: r.ID, spec: r.Spec, res: res.Res, handle: r.Handle,
 			created: r.CreatedAt, expires: r.ExpiresAt, gone: make(chan struct{})}
-		if h, ok := res.Res.(Handler); ok {
+		if h, ok := res.Res.(Recoverable); ok {
 			ss.handle = h.Handle()
 		}
 		s.sessions[r.ID] = ss

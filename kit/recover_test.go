@@ -14,7 +14,7 @@ import (
 )
 
 // recProvider is a fake provider that implements kit.Recoverer and
-// kit.Handler, and records what it was asked.
+// kit.Recoverable, and records what it was asked.
 type recProvider struct {
 	fakeProvider
 	mu       sync.Mutex

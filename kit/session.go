@@ -157,7 +157,7 @@ func (ss *session) execRequest(op string, argv []string, cwd string, env map[str
 		return ExecRequest{}, err
 	}
 	if timeout <= 0 {
-		return ExecRequest{}, sandbox.Errorf(op, "a timeout is required and must be > 0 (got %v); the provider's default is %v", timeout, ss.kit.execTO)
+		return ExecRequest{}, sandbox.Errorf(op, "a timeout is required and must be > 0 (got %v); the provider's default is %v", timeout, ss.kit.execTimeout)
 	}
 	if len(argv) == 0 {
 		return ExecRequest{}, sandbox.Errorf(op, "argv is empty: name a command to run")

@@ -271,26 +271,26 @@ func New(opts Options) (*kit.Sandbox, error) {
 }
 
 type provider struct {
-	opts     Options
-	log      *slog.Logger
-	rt       *ociRuntime
-	images   *imagestore.Store
-	host     imagestore.HostImage
-	net      *sessnet.Manager
-	ownNet   bool      // net is the provider's own, closed with it
-	agent    agentLoad // the agent binary on the host, and how it runs
-	root     string    // the provider's directory in the state directory
-	sessDir  string    // per-session bundles
-	perDir   string    // persistent workspaces, one per key
-	locks    *sessionlock.Dir
-	cgroups  cgroupLayout
-	userns   *os.File  // the sessions' user namespace; nil: none
-	egress   *egress   // the egress sessions' resolver; nil: none; set under fenceMu
-	diskOn   bool      // sessions get a disk of their own (the cap is on)
-	disk     diskCfg   // their geometry
-	diskDir  string    // their images and mount points
-	pool     *diskPool // ephemeral disks made ahead; nil: none
-	closeOne sync.Once
+	opts      Options
+	log       *slog.Logger
+	rt        *ociRuntime
+	images    *imagestore.Store
+	host      imagestore.HostImage
+	net       *sessnet.Manager
+	ownNet    bool      // net is the provider's own, closed with it
+	agent     agentLoad // the agent binary on the host, and how it runs
+	root      string    // the provider's directory in the state directory
+	sessDir   string    // per-session bundles
+	perDir    string    // persistent workspaces, one per key
+	locks     *sessionlock.Dir
+	cgroups   cgroupLayout
+	userns    *os.File  // the sessions' user namespace; nil: none
+	egress    *egress   // the egress sessions' resolver; nil: none; set under fenceMu
+	diskOn    bool      // sessions get a disk of their own (the cap is on)
+	disk      diskCfg   // their geometry
+	diskDir   string    // their images and mount points
+	pool      *diskPool // ephemeral disks made ahead; nil: none
+	closeOnce sync.Once
 
 	fenceMu  sync.Mutex
 	opFences operatorFences // guarded by fenceMu
@@ -436,7 +436,7 @@ func agentBinary(name string) (agentLoad, error) {
 // their creates.) The kit calls it after every session is destroyed.
 func (p *provider) Close() error {
 	var errs []error
-	p.closeOne.Do(func() {
+	p.closeOnce.Do(func() {
 		errs = append(errs, p.closeEgress())
 		if p.pool != nil {
 			p.pool.close()
@@ -462,7 +462,7 @@ func (p *provider) Close() error {
 // networks stay), the disk pool's refill (its disks stay), and the
 // sessions' locks.
 func (p *provider) Abandon() {
-	p.closeOne.Do(func() {
+	p.closeOnce.Do(func() {
 		if p.pool != nil {
 			p.pool.abandon()
 		}
@@ -534,7 +534,7 @@ func pidfdOf(name string) int {
 // diskFull is err of a create, saying so when the session's disk filled up
 // (blocks or inodes) before the session could start: its cap is below what
 // a session needs to begin.
-func (p *provider) diskFull(r *resources, err error) error {
+func (p *provider) diskFull(r *session, err error) error {
 	if r.disk == nil {
 		return err
 	}

@@ -80,7 +80,7 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 // holds its root). The undos of handles recoverOne has yet to take (its
 // network, image, bundle handle, PID 1's pidfd) do nothing until they are
 // taken.
-func (r *resources) keptTeardown(h sessionHandle, mounted map[string]bool) {
+func (r *session) keptTeardown(h sessionHandle, mounted map[string]bool) {
 	t := &r.teardown
 	t.Push("bundle", r.removeBundle)
 	if r.disk != nil {
@@ -113,7 +113,7 @@ type creation struct {
 	ctx context.Context
 	p   *provider
 	req kit.CreateRequest
-	r   *resources
+	r   *session
 
 	owner       int    // the host uid (and gid) of root in the session
 	upper, work string // the root overlay's upper and work directories
@@ -128,7 +128,7 @@ type creation struct {
 }
 
 func (p *provider) newCreation(ctx context.Context, req kit.CreateRequest) *creation {
-	r := &resources{
+	r := &session{
 		p: p, id: req.ID, spec: req.Spec,
 		dir:    filepath.Join(p.sessDir, req.ID),
 		initFD: -1,
@@ -179,7 +179,7 @@ func (c *creation) bundle() (undo.Func, error) {
 // removeBundle is the undo of bundle; it never removes through a root
 // still mounted: that would write into its upper layer, and could not
 // finish.
-func (r *resources) removeBundle(context.Context) error {
+func (r *session) removeBundle(context.Context) error {
 	if r.stuck {
 		return nil
 	}
@@ -211,7 +211,7 @@ func (c *creation) disk() (undo.Func, error) {
 // closeSessionDisk is the undo of disk, once nothing of the session is
 // mounted on it: the container's mounts are gone with it, the root overlay
 // before.
-func (r *resources) closeSessionDisk(context.Context) error {
+func (r *session) closeSessionDisk(context.Context) error {
 	if r.disk == nil || r.stuck {
 		return nil
 	}
@@ -251,7 +251,7 @@ func (c *creation) workspace() (undo.Func, error) {
 
 // closeWorkspaceDisk is the undo of a persistent workspace's image: it is
 // unmounted and let go of, and kept.
-func (r *resources) closeWorkspaceDisk(context.Context) error {
+func (r *session) closeWorkspaceDisk(context.Context) error {
 	if r.wsDisk == nil || r.stuck {
 		return nil
 	}
@@ -284,7 +284,7 @@ func (c *creation) image() (undo.Func, error) {
 }
 
 // releaseImage is the undo of image.
-func (r *resources) releaseImage(context.Context) error {
+func (r *session) releaseImage(context.Context) error {
 	if r.release != nil {
 		r.release()
 		r.release = nil
@@ -333,7 +333,7 @@ func (c *creation) idmappedImage() (undo.Func, error) {
 }
 
 // unmountLower is the undo of idmappedImage.
-func (r *resources) unmountLower(context.Context) error {
+func (r *session) unmountLower(context.Context) error {
 	if err := r.p.rt.do(func() error { return unmount(filepath.Join(r.dir, "lower")) }); err != nil {
 		r.stuck = true
 		return fmt.Errorf("unmount the session's idmapped image: %w", err)
@@ -359,7 +359,7 @@ func (c *creation) rootMountPoint() (undo.Func, error) {
 }
 
 // removeRootDir is the undo of rootMountPoint, once the root is unmounted.
-func (r *resources) removeRootDir(context.Context) error {
+func (r *session) removeRootDir(context.Context) error {
 	if r.stuck {
 		return nil
 	}
@@ -380,7 +380,7 @@ func (c *creation) root() (undo.Func, error) {
 }
 
 // unmountRoot is the undo of root.
-func (r *resources) unmountRoot(context.Context) error {
+func (r *session) unmountRoot(context.Context) error {
 	if err := r.p.rt.do(func() error { return unmount(r.rootfs) }); err != nil {
 		r.stuck = true
 		return fmt.Errorf("unmount the session's root: %w", err)
@@ -412,7 +412,7 @@ func (c *creation) network() (undo.Func, error) {
 
 // teardownNet is the undo of network (and of a recovered session's
 // adopted one).
-func (r *resources) teardownNet(context.Context) error {
+func (r *session) teardownNet(context.Context) error {
 	if r.net == nil {
 		return nil
 	}
@@ -431,7 +431,7 @@ func (c *creation) bundleHandle() (undo.Func, error) {
 }
 
 // closeBundleHandle is the undo of bundleHandle.
-func (r *resources) closeBundleHandle(context.Context) error {
+func (r *session) closeBundleHandle(context.Context) error {
 	if r.dirFD > 0 {
 		unix.Close(r.dirFD)
 		r.dirFD = 0
@@ -489,7 +489,7 @@ func (c *creation) sysfs() (undo.Func, error) {
 }
 
 // unmountSysfs is the undo of sysfs.
-func (r *resources) unmountSysfs(context.Context) error {
+func (r *session) unmountSysfs(context.Context) error {
 	if err := r.p.rt.do(func() error { return unmount(filepath.Join(r.dir, "sys")) }); err != nil {
 		r.stuck = true
 		return fmt.Errorf("unmount the session's sysfs: %w", err)
@@ -545,7 +545,7 @@ func (c *creation) container() (undo.Func, error) {
 // Destroy has ended them and waits for them here, see Destroy); then the
 // put_file temporaries the killed agent left, its PID 1's pidfd and its
 // cgroup.
-func (r *resources) removeContainer(ctx context.Context) error {
+func (r *session) removeContainer(ctx context.Context) error {
 	var errs []error
 	if err := r.p.rt.delete(ctx, r.id); err != nil {
 		errs = append(errs, err)

@@ -19,7 +19,7 @@ import (
 // agent's process, the sink its output goes to, the deadline, and why it
 // was ended.
 type rproc struct {
-	r           *resources
+	r           *session
 	ap          *agent.Proc
 	sink        execout.Sink
 	timeout     time.Duration
@@ -46,7 +46,7 @@ func (p *rproc) exited() bool {
 // env overlaid by the exec's (merged by the kit). An exec with a user
 // gets no HOME from the base, which is root's: the agent sets the user's
 // own unless env sets one.
-func (r *resources) environ(env map[string]sandbox.Secret, user string) []string {
+func (r *session) environ(env map[string]sandbox.Secret, user string) []string {
 	out := make([]string, 0, len(r.env)+len(env))
 	for k, v := range r.env {
 		if _, ok := env[k]; !ok && (user == "" || k != "HOME") {
@@ -62,7 +62,7 @@ func (r *resources) environ(env map[string]sandbox.Secret, user string) []string
 // start starts req through the agent, its output going to sk. A command
 // that cannot be started is a result (exit 126 or 127), as the agent
 // reports it.
-func (r *resources) start(ctx context.Context, op string, req kit.ExecRequest, interactive bool, sk execout.Sink) (*rproc, error) {
+func (r *session) start(ctx context.Context, op string, req kit.ExecRequest, interactive bool, sk execout.Sink) (*rproc, error) {
 	if !r.execs.Admit() {
 		return nil, r.gone()
 	}
@@ -201,7 +201,7 @@ func (p *rproc) supervise() {
 }
 
 // Exec runs req to completion, its output held in memory up to the limit.
-func (r *resources) Exec(ctx context.Context, req kit.ExecRequest) (sandbox.ExecResult, error) {
+func (r *session) Exec(ctx context.Context, req kit.ExecRequest) (sandbox.ExecResult, error) {
 	sk := &execout.Buffer{Limit: r.p.opts.MaxOutputBytes}
 	p, err := r.start(ctx, "exec", req, false, sk)
 	if err != nil {
@@ -229,7 +229,7 @@ var (
 	_ sandbox.ExitWatcher = (*handle)(nil)
 )
 
-func (r *resources) ExecStart(ctx context.Context, req kit.ExecRequest) (sandbox.ExecHandle, error) {
+func (r *session) ExecStart(ctx context.Context, req kit.ExecRequest) (sandbox.ExecHandle, error) {
 	st := execout.NewStream(r.p.opts.StreamBuffer)
 	p, err := r.start(ctx, "exec_start", req, true, st)
 	if err != nil {

@@ -132,7 +132,7 @@ func FailCreateSteps(sb *kit.Sandbox, fail func(id, step string) error) {
 // keptTeardown) that has a disk, a workspace image and all its mounts
 // mounted, remapped or not: its undos' step names, the first pushed first.
 func KeptTeardown(remap bool) []string {
-	r := &resources{p: &provider{}, id: "sb-0", dir: "/state/container/sessions/sb-0", disk: &disk{}, wsDisk: &disk{}}
+	r := &session{p: &provider{}, id: "sb-0", dir: "/state/container/sessions/sb-0", disk: &disk{}, wsDisk: &disk{}}
 	r.rootfs = filepath.Join(r.dir, "rootfs")
 	if remap {
 		r.rootDir = filepath.Join(rootsDir, r.id)

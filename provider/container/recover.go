@@ -27,8 +27,8 @@ import (
 )
 
 var (
-	_ kit.Recoverer = (*provider)(nil)
-	_ kit.Handler   = (*resources)(nil)
+	_ kit.Recoverer   = (*provider)(nil)
+	_ kit.Recoverable = (*session)(nil)
 )
 
 // sessionHandle is what the ledger keeps of a session for its recovery, beside
@@ -61,12 +61,12 @@ const recoverPing = 5 * time.Second
 // once.
 const recoverWorkers = 4
 
-// Handle implements [kit.Handler]: a small JSON object naming the
+// Handle implements [kit.Recoverable]: a small JSON object naming the
 // session's OCI runtime, whether it runs in a user namespace, its image's
 // digest, its disk and whether its persistent workspace is an image, e.g.
 // {"v":1,"runtime":"runc","remap":true,"disk":"d-0123456789abcdef"}. It holds no
 // env value. Safe for concurrent use.
-func (r *resources) Handle() json.RawMessage {
+func (r *session) Handle() json.RawMessage {
 	h := sessionHandle{V: handleVersion, Runtime: r.p.rt.name, Remap: r.p.userns != nil, Image: r.imageID, WSImage: r.wsDisk != nil}
 	if r.disk != nil {
 		h.Disk = r.disk.name()
@@ -368,11 +368,11 @@ func parallel(n int, fn func(i int)) {
 	wg.Wait()
 }
 
-// recoverOne brings back kept session k of handle h: a resources as Create
+// recoverOne brings back kept session k of handle h: a session as Create
 // left it. mounted is the mount table where the runtime runs. On error
 // everything of the session is removed (its persistent workspace kept).
-func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, mounted map[string]bool, lock *sessionlock.Lock) (_ *resources, err error) {
-	r := &resources{
+func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, mounted map[string]bool, lock *sessionlock.Lock) (_ *session, err error) {
+	r := &session{
 		p: p, id: k.ID, spec: k.Spec, lock: lock,
 		dir:    filepath.Join(p.sessDir, k.ID),
 		initFD: -1,

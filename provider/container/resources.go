@@ -29,10 +29,10 @@ import (
 	"github.com/tai42/sandbox/kit"
 )
 
-// resources is one container session: its bundle directory (config, root
+// session is one container session: its bundle directory (config, root
 // overlay, agent socket, runtime log, and the ephemeral workspace), its
 // network, its container, and the execs it started.
-type resources struct {
+type session struct {
 	p    *provider
 	id   string
 	spec sandbox.SessionSpec
@@ -70,36 +70,36 @@ type resources struct {
 }
 
 var (
-	_ kit.Resources    = (*resources)(nil)
-	_ kit.FileStreamer = (*resources)(nil)
+	_ kit.Resources    = (*session)(nil)
+	_ kit.FileStreamer = (*session)(nil)
 )
 
-func (r *resources) WorkspacePath() string { return workspaceDir }
+func (r *session) WorkspacePath() string { return workspaceDir }
 
-func (r *resources) gone() error {
+func (r *session) gone() error {
 	return &sandbox.SessionNotFoundError{SessionID: r.id, Detail: "it was destroyed"}
 }
 
 // sockPath is the agent's socket as this process reaches it: through the
 // directory handle, since a state directory's path may be longer than a
 // socket address may be.
-func (r *resources) sockPath() string {
+func (r *session) sockPath() string {
 	return "/proc/self/fd/" + strconv.Itoa(r.dirFD) + "/agent.sock"
 }
 
-func (r *resources) dial(ctx context.Context) (net.Conn, error) {
+func (r *session) dial(ctx context.Context) (net.Conn, error) {
 	var d net.Dialer
 	return d.DialContext(ctx, "unix", r.sockPath())
 }
 
 // isClosed reports whether Destroy has begun.
-func (r *resources) isClosed() bool { return r.execs.Closed() }
+func (r *session) isClosed() bool { return r.execs.Closed() }
 
 // Destroy ends every exec, then the container (every process in it), and
 // removes the session's network, root overlay (and its idmapped image
 // and sysfs), cgroup and bundle; an ephemeral workspace goes with the bundle, a
 // persistent one is kept.
-func (r *resources) Destroy(ctx context.Context) error {
+func (r *session) Destroy(ctx context.Context) error {
 	procs, first := r.execs.Close()
 	if !first {
 		return nil
@@ -119,7 +119,7 @@ func (r *resources) Destroy(ctx context.Context) error {
 
 // waitEnded waits for the execs Destroy ended, whose agent connections end
 // with the container, and lets go of them.
-func (r *resources) waitEnded() error {
+func (r *session) waitEnded() error {
 	procs := r.ending
 	r.ending = nil
 	var errs []error
@@ -141,7 +141,7 @@ const putTempPrefix = ".tai42-put-"
 // of the put_file calls that were in flight in a persistent workspace: the
 // agent, killed with the container, could not. Only the directories of
 // those puts are looked in.
-func (r *resources) removePutTemps() {
+func (r *session) removePutTemps() {
 	r.mu.Lock()
 	dirs := slices.Collect(maps.Keys(r.puts))
 	r.puts = nil
@@ -172,7 +172,7 @@ func (r *resources) removePutTemps() {
 
 // killInit sends SIGKILL to the container's PID 1 through its pidfd and
 // waits up to 2 s for it to end.
-func (r *resources) killInit() {
+func (r *session) killInit() {
 	if r.initFD >= 0 {
 		killAndWait(r.initFD)
 	}
@@ -195,7 +195,7 @@ func killAndWait(fd int) {
 
 // cleanup removes what Create (or recoverOne) made, last first: it unwinds
 // the session's teardown; it is also the rollback of a failed create.
-func (r *resources) cleanup(ctx context.Context) error {
+func (r *session) cleanup(ctx context.Context) error {
 	err := r.teardown.Unwind(ctx)
 	// Last: while it is held no other process sweeps the session; its file
 	// stays when something is left, so that the next start retries.
@@ -231,7 +231,7 @@ func fileRef(p kit.Path) agent.FileRef {
 
 // fileErr is err of a file operation, or the session's end when the
 // operation failed because the session was destroyed under it.
-func (r *resources) fileErr(err error) error {
+func (r *session) fileErr(err error) error {
 	if err != nil && r.isClosed() {
 		var nf *sandbox.SessionNotFoundError
 		if !errors.As(err, &nf) {
@@ -245,11 +245,11 @@ func (r *resources) fileErr(err error) error {
 // the target and renames it into place: a reader sees the old content or
 // the new, never a mix. Missing parents are created; `..` and symlinks
 // cannot lead out of the workspace.
-func (r *resources) PutFile(ctx context.Context, p kit.Path, data []byte) error {
+func (r *session) PutFile(ctx context.Context, p kit.Path, data []byte) error {
 	return r.PutFileFrom(ctx, p, bytes.NewReader(data))
 }
 
-func (r *resources) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) error {
+func (r *session) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) error {
 	if r.isClosed() {
 		return r.gone()
 	}
@@ -285,7 +285,7 @@ func (r *resources) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) 
 	return r.fileErr(r.agent.PutFile(ctx, ref, src))
 }
 
-func (r *resources) GetFile(ctx context.Context, p kit.Path) ([]byte, error) {
+func (r *session) GetFile(ctx context.Context, p kit.Path) ([]byte, error) {
 	rc, size, err := r.OpenFile(ctx, p)
 	if err != nil {
 		return nil, err
@@ -300,7 +300,7 @@ func (r *resources) GetFile(ctx context.Context, p kit.Path) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-func (r *resources) OpenFile(ctx context.Context, p kit.Path) (io.ReadCloser, int64, error) {
+func (r *session) OpenFile(ctx context.Context, p kit.Path) (io.ReadCloser, int64, error) {
 	if r.isClosed() {
 		return nil, 0, r.gone()
 	}

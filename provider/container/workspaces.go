@@ -34,7 +34,7 @@ func (p *provider) wsImage(key string) string { return filepath.Join(p.perDir, k
 // new image first, with the cap on. With the cap off a key without an
 // image is a plain directory, as before. Either way, the files' owners are
 // shifted once when the user namespace mode changed since.
-func (p *provider) openWorkspace(ctx context.Context, r *resources, key string) (string, error) {
+func (p *provider) openWorkspace(ctx context.Context, r *session, key string) (string, error) {
 	remap := p.userns != nil
 	img, dir := p.wsImage(key), filepath.Join(p.perDir, key)
 	_, err := os.Lstat(img)

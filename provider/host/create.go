@@ -17,7 +17,7 @@ import (
 // that fails has the steps before it undone, last first, and a session
 // made keeps the stack for its Destroy, which unwinds it the same way.
 func (p *provider) Create(_ context.Context, req kit.CreateRequest) (_ kit.Resources, err error) {
-	r := &resources{p: p, id: req.ID, spec: req.Spec}
+	r := &session{p: p, id: req.ID, spec: req.Spec}
 	if p.faults != nil {
 		r.teardown.Fault = func(step string) error { return p.faults(req.ID, step) }
 	}
@@ -45,7 +45,7 @@ func (p *provider) Create(_ context.Context, req kit.CreateRequest) (_ kit.Resou
 
 // makeWorkspace makes the session's workspace: its key's directory (made
 // at the key's first create, kept), or one of its own.
-func (r *resources) makeWorkspace() (undo.Func, error) {
+func (r *session) makeWorkspace() (undo.Func, error) {
 	if r.spec.Durability == sandbox.Persistent {
 		r.ws = filepath.Join(r.p.Store.Dir, r.spec.WorkspaceKey)
 		return nil, os.MkdirAll(r.ws, 0o700)
@@ -58,11 +58,11 @@ func (r *resources) makeWorkspace() (undo.Func, error) {
 }
 
 // removeWorkspace is the undo of an ephemeral workspace.
-func (r *resources) removeWorkspace(context.Context) error { return oscmd.RemoveAll(r.ws) }
+func (r *session) removeWorkspace(context.Context) error { return oscmd.RemoveAll(r.ws) }
 
 // openRoot opens the workspace as an os.Root, through which every file
 // operation goes.
-func (r *resources) openRoot() (undo.Func, error) {
+func (r *session) openRoot() (undo.Func, error) {
 	var err error
 	if r.root, err = os.OpenRoot(r.ws); err != nil {
 		return nil, err
@@ -70,14 +70,14 @@ func (r *resources) openRoot() (undo.Func, error) {
 	return r.closeRoot, nil
 }
 
-func (r *resources) closeRoot(context.Context) error {
+func (r *session) closeRoot(context.Context) error {
 	r.root.Close()
 	return nil
 }
 
 // makeTmp makes the session's TMPDIR with mkdir (os.Mkdir at a create;
 // os.MkdirAll at a reattach, where it may be left).
-func (r *resources) makeTmp(mkdir func(string, os.FileMode) error) (undo.Func, error) {
+func (r *session) makeTmp(mkdir func(string, os.FileMode) error) (undo.Func, error) {
 	r.tmp = filepath.Join(r.p.tmpDir, r.id)
 	if err := mkdir(r.tmp, 0o700); err != nil {
 		return nil, err
@@ -85,10 +85,10 @@ func (r *resources) makeTmp(mkdir func(string, os.FileMode) error) (undo.Func, e
 	return r.removeTmp, nil
 }
 
-func (r *resources) removeTmp(context.Context) error { return oscmd.RemoveAll(r.tmp) }
+func (r *session) removeTmp(context.Context) error { return oscmd.RemoveAll(r.tmp) }
 
 // takeNetns takes a network namespace of the pool for network "none".
-func (r *resources) takeNetns() (undo.Func, error) {
+func (r *session) takeNetns() (undo.Func, error) {
 	if r.spec.Network != sandbox.NetworkNone {
 		return nil, nil
 	}
@@ -99,13 +99,13 @@ func (r *resources) takeNetns() (undo.Func, error) {
 	return r.closeNetns, nil
 }
 
-func (r *resources) closeNetns(context.Context) error {
+func (r *session) closeNetns(context.Context) error {
 	r.netns.Close()
 	return nil
 }
 
 // makeCgroup makes the cgroup of the session's caps.
-func (r *resources) makeCgroup() (undo.Func, error) {
+func (r *session) makeCgroup() (undo.Func, error) {
 	if r.spec.CPU <= 0 && r.spec.MemoryMB <= 0 {
 		return nil, nil
 	}
@@ -116,13 +116,13 @@ func (r *resources) makeCgroup() (undo.Func, error) {
 	return r.destroyCgroup, nil
 }
 
-func (r *resources) destroyCgroup(context.Context) error { return r.cg.destroy() }
+func (r *session) destroyCgroup(context.Context) error { return r.cg.destroy() }
 
 // makeGroup makes the session's tracking cgroup, where its execs start.
 // It is the last step: its undo, the teardown's first, ends every process
 // of the session, the ones that left their process group included, before
 // anything they use goes.
-func (r *resources) makeGroup() (undo.Func, error) {
+func (r *session) makeGroup() (undo.Func, error) {
 	if r.p.track == nil {
 		return nil, nil
 	}
@@ -133,4 +133,4 @@ func (r *resources) makeGroup() (undo.Func, error) {
 	return r.destroyGroup, nil
 }
 
-func (r *resources) destroyGroup(context.Context) error { return r.grp.destroy() }
+func (r *session) destroyGroup(context.Context) error { return r.grp.destroy() }

@@ -11,7 +11,7 @@ import (
 // Exec runs req to completion: stdin is written by a goroutine while the
 // readers collect the output, so a command that reads and writes a lot
 // cannot deadlock against us.
-func (r *resources) Exec(ctx context.Context, req kit.ExecRequest) (sandbox.ExecResult, error) {
+func (r *session) Exec(ctx context.Context, req kit.ExecRequest) (sandbox.ExecResult, error) {
 	sk := &execout.Buffer{Limit: r.p.opts.MaxOutputBytes}
 	st, err := r.start("exec", req, len(req.Stdin) > 0, sk)
 	if err != nil {

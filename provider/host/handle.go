@@ -38,7 +38,7 @@ func (h *handle) Exited() <-chan struct{} {
 	return h.p.exitedCh
 }
 
-func (r *resources) ExecStart(_ context.Context, req kit.ExecRequest) (sandbox.ExecHandle, error) {
+func (r *session) ExecStart(_ context.Context, req kit.ExecRequest) (sandbox.ExecHandle, error) {
 	st := execout.NewStream(r.p.opts.StreamBuffer)
 	s, err := r.start("exec_start", req, true, st)
 	if err != nil {

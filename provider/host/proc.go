@@ -28,7 +28,7 @@ var readBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b
 // proc is one running exec: a process group, its pipes, two readers and a
 // supervisor that reaps it and decides how its output ends.
 type proc struct {
-	r       *resources
+	r       *session
 	pid     int // also the process group id
 	process *os.Process
 	stdin   *os.File // the parent's write end; closed at finish
@@ -61,7 +61,7 @@ type started struct {
 // start launches req in the session, with a stdin pipe when stdinPipe (else
 // /dev/null). Errors are *sandbox.SandboxError (or *SessionNotFoundError once
 // the session is closed).
-func (r *resources) start(op string, req kit.ExecRequest, stdinPipe bool, sk execout.Sink) (started, error) {
+func (r *session) start(op string, req kit.ExecRequest, stdinPipe bool, sk execout.Sink) (started, error) {
 	if !r.execs.Admit() {
 		return started{}, r.gone()
 	}
@@ -192,7 +192,7 @@ func growPipe(f *os.File) {
 // environ is the exec's environment: a minimal clean base (HOME home),
 // then the spec's env overlaid by the exec's (already merged by the kit).
 // It also returns the PATH that commands are looked up in.
-func (r *resources) environ(env map[string]sandbox.Secret, home string) ([]string, string) {
+func (r *session) environ(env map[string]sandbox.Secret, home string) ([]string, string) {
 	base := map[string]string{
 		"PATH":   r.p.hostPath,
 		"HOME":   home,
@@ -217,7 +217,7 @@ func (r *resources) environ(env map[string]sandbox.Secret, home string) ([]strin
 // cgroup join runs as root before the command); as another user, that
 // user alone. Errors: *sandbox.UserNotFoundError for a name the host does
 // not know, else a *sandbox.SandboxError saying why.
-func (r *resources) execUser(op, spec string) (unixuser.User, *syscall.Credential, error) {
+func (r *session) execUser(op, spec string) (unixuser.User, *syscall.Credential, error) {
 	u, err := unixuser.Lookup("/", spec)
 	if _, ok := errors.AsType[*sandbox.UserNotFoundError](err); ok {
 		return u, nil, err

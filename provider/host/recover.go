@@ -19,8 +19,8 @@ import (
 )
 
 var (
-	_ kit.Recoverer = (*provider)(nil)
-	_ kit.Handler   = (*resources)(nil)
+	_ kit.Recoverer   = (*provider)(nil)
+	_ kit.Recoverable = (*session)(nil)
 )
 
 // handle is what the ledger keeps of a host session: where its workspace
@@ -30,8 +30,8 @@ type ledgerHandle struct {
 	Tmp       string `json:"tmp"`
 }
 
-// Handle implements kit.Handler.
-func (r *resources) Handle() json.RawMessage {
+// Handle implements kit.Recoverable.
+func (r *session) Handle() json.RawMessage {
 	b, _ := json.Marshal(ledgerHandle{Workspace: r.ws, Tmp: r.tmp})
 	return b
 }
@@ -151,7 +151,7 @@ func (p *provider) reattach(ctx context.Context, k kit.Kept, lock *sessionlock.L
 	if err := validID(k.ID); err != nil {
 		return nil, err
 	}
-	r := &resources{p: p, id: k.ID, spec: k.Spec}
+	r := &session{p: p, id: k.ID, spec: k.Spec}
 	defer func() {
 		if err != nil {
 			_ = r.cleanup()
@@ -194,7 +194,7 @@ func (p *provider) reattach(ctx context.Context, k kit.Kept, lock *sessionlock.L
 // findWorkspace is a kept session's workspace, where its ledger handle
 // (raw) says it is; an ephemeral one is the session's, removed at its
 // teardown.
-func (r *resources) findWorkspace(raw json.RawMessage) (undo.Func, error) {
+func (r *session) findWorkspace(raw json.RawMessage) (undo.Func, error) {
 	var remove undo.Func
 	if r.spec.Durability == sandbox.Persistent {
 		r.ws = filepath.Join(r.p.Store.Dir, r.spec.WorkspaceKey)

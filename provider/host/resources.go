@@ -24,9 +24,9 @@ import (
 	"github.com/tai42/sandbox/kit"
 )
 
-// resources is one host session: its workspace, temp directory, optional
+// session is one host session: its workspace, temp directory, optional
 // network namespace and cgroup, and the execs it started.
-type resources struct {
+type session struct {
 	p        *provider
 	id       string
 	spec     sandbox.SessionSpec
@@ -45,23 +45,23 @@ type resources struct {
 	groups map[int]struct{} // process groups that may still have members
 }
 
-var _ kit.Resources = (*resources)(nil)
+var _ kit.Resources = (*session)(nil)
 
 var tmpSeq atomic.Uint64
 
 // putTempPrefix starts the name of put_file's temporary files.
 const putTempPrefix = ".tai42-put-"
 
-func (r *resources) WorkspacePath() string { return r.ws }
+func (r *session) WorkspacePath() string { return r.ws }
 
-func (r *resources) gone() error {
+func (r *session) gone() error {
 	return &sandbox.SessionNotFoundError{SessionID: r.id, Detail: "it was destroyed"}
 }
 
 // Destroy ends every exec and every process group the session started,
 // then removes its cgroup, network namespace, temp directory and (when
 // ephemeral) its workspace.
-func (r *resources) Destroy(context.Context) error {
+func (r *session) Destroy(context.Context) error {
 	// An exec admitted before the close finishes starting and registers
 	// before anything it uses (the netns, the root) is released.
 	procs, first := r.execs.Close()
@@ -92,7 +92,7 @@ func (r *resources) Destroy(context.Context) error {
 
 // cleanup removes what Create (or reattach) made, last first: it unwinds
 // the session's teardown; it is also the rollback of a failed create.
-func (r *resources) cleanup() error {
+func (r *session) cleanup() error {
 	err := r.teardown.Unwind(context.Background())
 	// Last: while it is held, no other process sweeps the session. Its
 	// file stays when something could not be removed, so the next start
@@ -104,7 +104,7 @@ func (r *resources) cleanup() error {
 // register records a started exec and its process group. Destroy waits
 // for admitted starts, so every started exec is registered before Destroy
 // ends them.
-func (r *resources) register(p *proc) {
+func (r *session) register(p *proc) {
 	r.execs.Add(p)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -116,7 +116,7 @@ func (r *resources) register(p *proc) {
 
 // unregister drops a finished exec, and its process group when nothing is
 // left running in it.
-func (r *resources) unregister(p *proc) {
+func (r *session) unregister(p *proc) {
 	left := syscall.Kill(-p.pid, 0) == nil
 	r.execs.Remove(p)
 	r.mu.Lock()
@@ -130,14 +130,14 @@ func (r *resources) unregister(p *proc) {
 // place, so a reader sees the old content or the new, never a mix. Missing
 // parents are created. Every step goes through os.Root, so a symlink that
 // leads out of the workspace is refused.
-func (r *resources) PutFile(ctx context.Context, p kit.Path, data []byte) error {
+func (r *session) PutFile(ctx context.Context, p kit.Path, data []byte) error {
 	return r.PutFileFrom(ctx, p, bytes.NewReader(data))
 }
 
 // PutFileFrom implements kit.FileStreamer: it copies src into a temporary
 // file beside the target and renames it into place, so a failed write (of
 // the file or of src) leaves the old content.
-func (r *resources) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) (err error) {
+func (r *session) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) (err error) {
 	fail := func(what string, err error) error {
 		return sandbox.WrapError("put_file", fmt.Sprintf("%q: %s", p.Orig, what), oscmd.RootErr(err))
 	}
@@ -203,7 +203,7 @@ func (r *resources) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) 
 	return nil
 }
 
-func (r *resources) dirExists(dir string) bool {
+func (r *session) dirExists(dir string) bool {
 	fi, err := r.root.Stat(dir)
 	return err == nil && fi.IsDir()
 }
@@ -211,7 +211,7 @@ func (r *resources) dirExists(dir string) bool {
 // GetFile reads a regular file. Only a path where nothing exists is a
 // *sandbox.FileNotFoundError; a directory, a FIFO, a socket, a dangling or
 // looping symlink, an escape or an I/O error is a plain *sandbox.SandboxError.
-func (r *resources) GetFile(_ context.Context, p kit.Path) ([]byte, error) {
+func (r *session) GetFile(_ context.Context, p kit.Path) ([]byte, error) {
 	f, fi, err := r.open(p)
 	if err != nil {
 		return nil, err
@@ -238,7 +238,7 @@ func (r *resources) GetFile(_ context.Context, p kit.Path) ([]byte, error) {
 
 // OpenFile implements kit.FileStreamer: the open regular file, with
 // GetFile's errors.
-func (r *resources) OpenFile(_ context.Context, p kit.Path) (io.ReadCloser, int64, error) {
+func (r *session) OpenFile(_ context.Context, p kit.Path) (io.ReadCloser, int64, error) {
 	f, fi, err := r.open(p)
 	if err != nil {
 		return nil, 0, err
@@ -250,7 +250,7 @@ func (r *resources) OpenFile(_ context.Context, p kit.Path) (io.ReadCloser, int6
 // Only a path where nothing exists is a *sandbox.FileNotFoundError; a
 // directory, a FIFO, a socket, a dangling or looping symlink, an escape or
 // an I/O error is a plain *sandbox.SandboxError.
-func (r *resources) open(p kit.Path) (*os.File, fs.FileInfo, error) {
+func (r *session) open(p kit.Path) (*os.File, fs.FileInfo, error) {
 	f, err := r.root.OpenFile(p.Rel, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
 		if oscmd.Missing(err) {
