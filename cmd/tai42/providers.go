@@ -47,8 +47,6 @@ type providerConfig struct {
 	// <stateDir>/<provider>/ledger.db, and bring them back after a crash
 	// (the daemon); else the ledger is in memory (a one-shot run).
 	durable bool
-	// ledger is set by the opener (when durable), for open to hand on.
-	ledger kit.Ledger
 }
 
 // openLedger opens provider name's durable ledger in stateDir.
@@ -71,88 +69,81 @@ type closableSandbox interface {
 	Close(ctx context.Context) error
 }
 
-// embeddedProvider is a provider compiled into the binary: its registered
-// name and how it is built from the CLI's configuration.
+// embeddedProvider is a provider compiled into the binary: its name, and
+// how it registers itself in a registry with the CLI's configuration.
 type embeddedProvider struct {
-	name string
-	open func(providerConfig) (closableSandbox, error)
+	name     string
+	register func(*sandbox.Registry, providerConfig) error
 }
 
-// embeddedProviders lists the providers the CLI can run on, by name.
+// embeddedProviders lists the providers the CLI can run on, by name. Each
+// registers itself (host.Register, container.Register) to be opened on its
+// first Require, its durable ledger opened then.
 var embeddedProviders = []embeddedProvider{
-	{name: host.Name, open: func(c providerConfig) (closableSandbox, error) {
-		return host.New(host.Options{
-			Options: kit.Options{
-				Policy:             c.policy,
-				ReapInterval:       c.reapInterval,
-				ExecDefaultTimeout: c.execTimeout,
-				Logger:             c.logger,
-				Ledger:             c.ledger,
-			},
-			ProviderOptions: kit.ProviderOptions{
-				StateDir:       c.stateDir,
-				MaxOutputBytes: c.maxOutputBytes,
-			},
+	{name: host.Name, register: func(reg *sandbox.Registry, c providerConfig) error {
+		return host.Register(reg, func() (host.Options, error) {
+			l, err := c.openLedger(host.Name)
+			return host.Options{Options: c.kitOptions(l), ProviderOptions: c.providerOptions()}, err
 		})
 	}},
-	{name: container.Name, open: func(c providerConfig) (closableSandbox, error) {
-		return container.New(container.Options{
-			Options: kit.Options{
-				Policy:             c.policy,
-				ReapInterval:       c.reapInterval,
-				ExecDefaultTimeout: c.execTimeout,
-				Logger:             c.logger,
-				Ledger:             c.ledger,
-			},
-			ProviderOptions: kit.ProviderOptions{
-				StateDir:       c.stateDir,
-				MaxOutputBytes: c.maxOutputBytes,
-			},
-			Runtime:            c.runtime,
-			NetPrefix:          c.netPrefix,
-			EgressAllow:        c.egress.allow,
-			EgressDeny:         c.egress.deny,
-			EgressAllowDomains: c.egress.domains,
-			EgressDNS:          c.egress.dns,
-			DiskOff:            c.disk.off(),
-			DiskMB:             c.disk.mb,
-			DiskInodes:         int(c.disk.inodes),
-			DiskReserveMB:      c.disk.reserve(),
-			DiskPool:           c.disk.pool(c.durable),
+	{name: container.Name, register: func(reg *sandbox.Registry, c providerConfig) error {
+		return container.Register(reg, func() (container.Options, error) {
+			l, err := c.openLedger(container.Name)
+			return container.Options{
+				Options:            c.kitOptions(l),
+				ProviderOptions:    c.providerOptions(),
+				Runtime:            c.runtime,
+				NetPrefix:          c.netPrefix,
+				EgressAllow:        c.egress.allow,
+				EgressDeny:         c.egress.deny,
+				EgressAllowDomains: c.egress.domains,
+				EgressDNS:          c.egress.dns,
+				DiskOff:            c.disk.off(),
+				DiskMB:             c.disk.mb,
+				DiskInodes:         int(c.disk.inodes),
+				DiskReserveMB:      c.disk.reserve(),
+				DiskPool:           c.disk.pool(c.durable),
+			}, err
 		})
 	}},
+}
+
+// kitOptions are the kit's options of every embedded provider, on ledger
+// l (nil: in memory).
+func (c providerConfig) kitOptions(l kit.Ledger) kit.Options {
+	return kit.Options{
+		Policy:             c.policy,
+		ReapInterval:       c.reapInterval,
+		ExecDefaultTimeout: c.execTimeout,
+		Logger:             c.logger,
+		Ledger:             l,
+	}
+}
+
+// providerOptions are the options every embedded provider shares.
+func (c providerConfig) providerOptions() kit.ProviderOptions {
+	return kit.ProviderOptions{StateDir: c.stateDir, MaxOutputBytes: c.maxOutputBytes}
+}
+
+// openLedger is provider name's durable ledger when c asks for one, else
+// nil (the kit's in-memory one). Each open opens its own: a retry after a
+// failed open (which closed it) opens it again.
+func (c providerConfig) openLedger(name string) (kit.Ledger, error) {
+	if !c.durable {
+		return nil, nil
+	}
+	return openLedger(c.stateDir, name)
 }
 
 // registerProviders registers every embedded provider in reg under its
-// name, each opened (its durable ledger included) only when Required.
+// name, each opened only when Required.
 func registerProviders(reg *sandbox.Registry, providers []embeddedProvider, cfg providerConfig) error {
 	for _, p := range providers {
-		if err := reg.RegisterFunc(p.name, opener(p, cfg)); err != nil {
+		if err := p.register(reg, cfg); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// opener is p's opener for the registry: it opens p's durable ledger when
-// cfg asks for one and builds p on it. The provider owns the ledger from
-// then on: when it fails it has closed it, so the opener does not.
-func opener(p embeddedProvider, cfg providerConfig) func() (sandbox.Sandbox, error) {
-	return func() (sandbox.Sandbox, error) {
-		c := cfg // this open's own: a retry opens its own ledger
-		if c.durable {
-			l, err := openLedger(c.stateDir, p.name)
-			if err != nil {
-				return nil, err
-			}
-			c.ledger = l
-		}
-		sb, err := p.open(c)
-		if err != nil {
-			return nil, err // not a nil *kit.Sandbox in a non-nil Sandbox
-		}
-		return sb, nil
-	}
 }
 
 // defaultProviderName is the provider used when none is named: the

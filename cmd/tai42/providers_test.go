@@ -30,10 +30,12 @@ func TestRequireProviderOpensOnlyTheOneNamed(t *testing.T) {
 	made := map[string]*fakeProvider{}
 	var providers []embeddedProvider
 	for _, name := range []string{"a", "b"} {
-		providers = append(providers, embeddedProvider{name: name, open: func(providerConfig) (closableSandbox, error) {
-			opens[name]++
-			made[name] = &fakeProvider{}
-			return made[name], nil
+		providers = append(providers, embeddedProvider{name: name, register: func(reg *sandbox.Registry, _ providerConfig) error {
+			return reg.RegisterFunc(name, func() (sandbox.Sandbox, error) {
+				opens[name]++
+				made[name] = &fakeProvider{}
+				return made[name], nil
+			})
 		}})
 	}
 	sb, closeSB, err := requireProvider(providers, "b", providerConfig{})

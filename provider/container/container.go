@@ -251,6 +251,20 @@ type Options struct {
 // none.
 const DefaultUserNamespace = UserNamespaceAuto
 
+// Register registers the container provider in reg (nil: the process-wide
+// registry) under [Name], opened on its first Require with the options
+// opts returns then: what they need opened (a durable ledger) is opened
+// only for the provider asked for, and New owns it from there.
+func Register(reg *sandbox.Registry, opts func() (Options, error)) error {
+	return kit.Register(reg, Name, func() (*kit.Sandbox, error) {
+		o, err := opts()
+		if err != nil {
+			return nil, err
+		}
+		return New(o)
+	})
+}
+
 // New returns the container provider wrapped by the kit. Before New
 // returns, the kit has the provider recover what an earlier run on the
 // same state directory left (see Recovery in the package doc): with no

@@ -93,6 +93,20 @@ type Options struct {
 	kit.ProviderOptions
 }
 
+// Register registers the host runner in reg (nil: the process-wide
+// registry) under [Name], opened on its first Require with the options
+// opts returns then: what they need opened (a durable ledger) is opened
+// only for the provider asked for, and New owns it from there.
+func Register(reg *sandbox.Registry, opts func() (Options, error)) error {
+	return kit.Register(reg, Name, func() (*kit.Sandbox, error) {
+		o, err := opts()
+		if err != nil {
+			return nil, err
+		}
+		return New(o)
+	})
+}
+
 // New returns the host runner wrapped by the kit. It owns opts.Ledger, as
 // kit.New does: when New fails, the ledger has been closed, once.
 func New(opts Options) (*kit.Sandbox, error) {

@@ -609,3 +609,37 @@ func TestNewClosesLedgerOnFailure(t *testing.T) {
 		}
 	}
 }
+
+// TestRegister: the host runner registers itself under its name, and its
+// options are asked for only when it is Required (a durable ledger opened
+// only for the provider asked for): once when that open succeeds; an
+// error of theirs is the Require's.
+func TestRegister(t *testing.T) {
+	var reg sandbox.Registry
+	asked := 0
+	fail := errors.New("no state directory today")
+	err := host.Register(&reg, func() (host.Options, error) {
+		asked++
+		if asked == 1 {
+			return host.Options{}, fail
+		}
+		return host.Options{Options: kit.Options{Policy: openPolicy, ReapInterval: -1}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if names := reg.Names(); len(names) != 1 || names[0] != host.Name || asked != 0 {
+		t.Fatalf("registered %v, options asked %d times; want %q alone, not yet asked", names, asked, host.Name)
+	}
+	if _, err := reg.Require(host.Name); !errors.Is(err, fail) {
+		t.Fatalf("Require with failing options = %v; want their error", err)
+	}
+	sb, err := reg.Require(host.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.(*kit.Sandbox).Close(context.Background())
+	if _, err := reg.Require(host.Name); err != nil || asked != 2 {
+		t.Errorf("a third Require = %v, options asked %d times; want the opened runner, asked twice in all", err, asked)
+	}
+}
