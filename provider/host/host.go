@@ -98,26 +98,14 @@ type Options struct {
 // opts returns then: what they need opened (a durable ledger) is opened
 // only for the provider asked for, and New owns it from there.
 func Register(reg *sandbox.Registry, opts func() (Options, error)) error {
-	return kit.Register(reg, Name, func() (*kit.Sandbox, error) {
-		o, err := opts()
-		if err != nil {
-			return nil, err
-		}
-		return New(o)
-	})
+	return kit.Register(reg, Name, opts, New)
 }
 
 // New returns the host runner wrapped by the kit. It owns opts.Ledger, as
 // kit.New does: when New fails, the ledger has been closed, once.
 func New(opts Options) (*kit.Sandbox, error) {
 	p, err := NewProvider(opts)
-	if err != nil {
-		if opts.Ledger != nil {
-			opts.Ledger.Close()
-		}
-		return nil, err
-	}
-	return kit.New(p, opts.Options)
+	return kit.Wrap(p, err, opts.Options)
 }
 
 type provider struct {
