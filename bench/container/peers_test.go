@@ -4,12 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox/internal/imagestore/imagestoretest"
+	"github.com/tai42/sandbox/internal/nsthread"
 )
 
 // busyboxRootfs is the busybox root filesystem for the bare runtimes:
@@ -48,7 +47,7 @@ type bareRuntime struct {
 	// ns is a mount namespace without the cgroup2 mount beside the v1
 	// hierarchies, which crun refuses (the provider runs crun the same
 	// way); nil for runc, or where the host is not in hybrid mode.
-	ns  *mountNS
+	ns  *nsthread.Worker
 	seq atomic.Int64
 }
 
@@ -73,15 +72,15 @@ func newBareRuntimeIn(b testing.TB, name, nsPath string) *bareRuntime {
 	r := &bareRuntime{name: name, bin: bin, root: filepath.Join(b.TempDir(), "state")}
 	switch {
 	case nsPath != "":
-		r.ns, err = joinMountNS(nsPath)
+		r.ns, err = nsthread.JoinMountNS(nsPath)
 	case name == "crun" && hybridCgroups():
-		r.ns, err = newMountNS("/sys/fs/cgroup/unified")
+		r.ns, err = nsthread.NewMountNS("/sys/fs/cgroup/unified")
 	}
 	if err != nil {
 		b.Fatalf("%s's mount namespace: %v", name, err)
 	}
 	if r.ns != nil {
-		b.Cleanup(r.ns.close)
+		b.Cleanup(r.ns.Close)
 	}
 	b.Cleanup(func() {
 		// Whatever a failed benchmark left running.
@@ -209,99 +208,6 @@ func (r *bareRuntime) list() []string {
 	return ids
 }
 
-// mountNS is a mount namespace held by one locked OS thread that runs the
-// functions given to do; a process started there is born in it.
-type mountNS struct {
-	jobs chan func()
-	done chan struct{}
-}
-
-// newMountNS makes a new mount namespace, a slave of the host's (mounts
-// from the host reach it; its own never reach the host), with the mounts
-// hide detached.
-func newMountNS(hide ...string) (*mountNS, error) {
-	return startMountNS(func() error {
-		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-			return fmt.Errorf("unshare a mount namespace: %w", err)
-		}
-		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
-			return fmt.Errorf("make the mount namespace a slave: %w", err)
-		}
-		for _, m := range hide {
-			if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("hide %s: %w", m, err)
-			}
-		}
-		return nil
-	})
-}
-
-// joinMountNS enters the mount namespace at path (/proc/PID/ns/mnt).
-func joinMountNS(path string) (*mountNS, error) {
-	return startMountNS(func() error {
-		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("open the mount namespace %s: %w", path, err)
-		}
-		defer unix.Close(fd)
-		if err := unix.Setns(fd, unix.CLONE_NEWNS); err != nil {
-			return fmt.Errorf("enter the mount namespace %s: %w", path, err)
-		}
-		return nil
-	})
-}
-
-// startMountNS starts the namespace's thread and runs setup on it, after
-// unsharing its filesystem attributes (which setns and unshare of a mount
-// namespace need).
-func startMountNS(setup func() error) (*mountNS, error) {
-	ns := &mountNS{jobs: make(chan func()), done: make(chan struct{})}
-	ready := make(chan error, 1)
-	var run func()
-	run = func() {
-		// The thread never returns to the scheduler: it exits with this
-		// goroutine, and its namespace with it. Go parks a locked main
-		// thread instead of ending it, which would leave the process's
-		// own thread in the namespace: there, start again elsewhere.
-		runtime.LockOSThread()
-		if unix.Gettid() == unix.Getpid() {
-			runtime.UnlockOSThread()
-			go run()
-			return
-		}
-		defer close(ns.done)
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			ready <- fmt.Errorf("unshare the thread's filesystem attributes: %w", err)
-			return
-		}
-		if err := setup(); err != nil {
-			ready <- err
-			return
-		}
-		ready <- nil
-		for job := range ns.jobs {
-			job()
-		}
-	}
-	go run()
-	if err := <-ready; err != nil {
-		<-ns.done
-		return nil, err
-	}
-	return ns, nil
-}
-
-func (ns *mountNS) do(fn func() error) error {
-	errc := make(chan error, 1)
-	ns.jobs <- func() { errc <- fn() }
-	return <-errc
-}
-
-func (ns *mountNS) close() {
-	close(ns.jobs)
-	<-ns.done
-}
-
 // dockerCLI runs the docker CLI against the dockerd of BENCH_DOCKER_HOST,
 // as a person would. It removes the containers it made at the cleanup of
 // the test that made it. Safe for concurrent use.
@@ -410,7 +316,7 @@ func (d *dockerCLI) remove(ctx context.Context, id string) error {
 // do runs fn where the runtime runs: in its mount namespace, or here.
 func (r *bareRuntime) do(fn func() error) error {
 	if r.ns != nil {
-		return r.ns.do(fn)
+		return r.ns.Do(fn)
 	}
 	return fn()
 }

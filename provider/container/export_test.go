@@ -75,7 +75,7 @@ func RuntimeView(sb *kit.Sandbox) string {
 		return ""
 	}
 	var tid int
-	_ = p.rt.ns.do(func() error { tid = unix.Gettid(); return nil })
+	_ = p.rt.ns.Do(func() error { tid = unix.Gettid(); return nil })
 	return fmt.Sprintf("/proc/%d/task/%d/root", os.Getpid(), tid)
 }
 

@@ -3,7 +3,6 @@ package container
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 
+	"github.com/tai42/sandbox/internal/nsthread"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,7 +25,7 @@ type ociRuntime struct {
 	// whose cgroups are in hybrid mode (v1 with a cgroup2 mount beside),
 	// so it runs, and its sessions' root overlays are mounted, in a
 	// mount namespace of our own where that cgroup2 mount is hidden.
-	ns *mountNS
+	ns *nsthread.Worker
 }
 
 // newRuntime finds the runtime named name (runc or crun, or a path to one
@@ -47,7 +47,7 @@ func newRuntime(name, stateDir string) (*ociRuntime, error) {
 		return nil, err
 	}
 	if kind == "crun" && hybridCgroups() {
-		if rt.ns, err = newMountNS("/sys/fs/cgroup/unified"); err != nil {
+		if rt.ns, err = nsthread.NewMountNS("/sys/fs/cgroup/unified"); err != nil {
 			return nil, fmt.Errorf("crun on a host with hybrid cgroups: %w", err)
 		}
 	}
@@ -66,7 +66,7 @@ func hybridCgroups() bool {
 // do runs fn where the runtime runs: in crun's mount namespace, or here.
 func (rt *ociRuntime) do(fn func() error) error {
 	if rt.ns != nil {
-		return rt.ns.do(fn)
+		return rt.ns.Do(fn)
 	}
 	return fn()
 }
@@ -165,7 +165,7 @@ func (rt *ociRuntime) delete(ctx context.Context, id string) error {
 // with it.
 func (rt *ociRuntime) close() {
 	if rt.ns != nil {
-		rt.ns.close()
+		rt.ns.Close()
 	}
 }
 
@@ -182,68 +182,4 @@ func tail(name string, n int64) string {
 	b := make([]byte, n)
 	k, _ := f.Read(b)
 	return strings.TrimSpace(string(b[:k]))
-}
-
-// mountNS is a mount namespace of our own, held by one locked OS thread
-// that runs the functions given to do (a process that thread starts is
-// born in the namespace). Mounts from the host's namespace reach it as a
-// slave; its own mounts and unmounts never reach the host.
-type mountNS struct {
-	jobs chan func()
-	done chan struct{}
-}
-
-func newMountNS(hide ...string) (*mountNS, error) {
-	ns := &mountNS{jobs: make(chan func()), done: make(chan struct{})}
-	ready := make(chan error, 1)
-	var run func()
-	run = func() {
-		// The thread never goes back to the scheduler: it dies with this
-		// goroutine, and the namespace with it. The process's main
-		// thread cannot die (Go parks it instead), so the namespace is
-		// never made there: on it, start again on another goroutine.
-		runtime.LockOSThread()
-		if unix.Gettid() == unix.Getpid() {
-			runtime.UnlockOSThread()
-			go run()
-			return
-		}
-		defer close(ns.done)
-		if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_FS); err != nil {
-			ready <- fmt.Errorf("unshare a mount namespace: %w", err)
-			return
-		}
-		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
-			ready <- fmt.Errorf("make the mount namespace a slave: %w", err)
-			return
-		}
-		for _, m := range hide {
-			if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-				ready <- fmt.Errorf("hide %s: %w", m, err)
-				return
-			}
-		}
-		ready <- nil
-		for job := range ns.jobs {
-			job()
-		}
-	}
-	go run()
-	if err := <-ready; err != nil {
-		<-ns.done
-		return nil, err
-	}
-	return ns, nil
-}
-
-// do runs fn on the namespace's thread and returns its error.
-func (ns *mountNS) do(fn func() error) error {
-	errc := make(chan error, 1)
-	ns.jobs <- func() { errc <- fn() }
-	return <-errc
-}
-
-func (ns *mountNS) close() {
-	close(ns.jobs)
-	<-ns.done
 }
