@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/flock"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
 	"github.com/tai42/sandbox/server"
@@ -319,7 +320,7 @@ func lockStateDir(dir string) (io.Closer, error) {
 		return nil, err
 	}
 	path := filepath.Join(dir, "serve.lock")
-	f, err := flock(path)
+	f, err := flock.TryExclusive(path)
 	if errors.Is(err, syscall.EWOULDBLOCK) {
 		return nil, fmt.Errorf("state directory %s is in use by another tai42 serve (lock %s held): give this one another --state-dir", dir, path)
 	}

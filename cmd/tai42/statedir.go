@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/flock"
 )
 
 // stateDirEnv names the environment variable that sets the state directory.
@@ -52,34 +53,13 @@ func lockWorkspaceKey(stateDir, key string) (*os.File, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("state directory: %w", err)
 	}
-	f, err := flock(filepath.Join(dir, key+".lock"))
+	f, err := flock.TryExclusive(filepath.Join(dir, key+".lock"))
 	if errors.Is(err, syscall.EWOULDBLOCK) {
 		return nil, &sandbox.SpecRejectedError{Field: "workspace_key", Reason: sandbox.ReasonConflict,
 			Message: fmt.Sprintf("persistent workspace %q is in use by another tai42 process; one live session per key", key)}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("locking workspace %q: %w", key, err)
-	}
-	return f, nil
-}
-
-// flock opens (creating) the lock file path and takes an exclusive,
-// non-blocking lock on it, held until the file is closed or the process
-// ends. A lock held elsewhere is syscall.EWOULDBLOCK.
-func flock(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	for {
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err != syscall.EINTR {
-			break
-		}
-	}
-	if err != nil {
-		f.Close()
-		return nil, err
 	}
 	return f, nil
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/tai42/sandbox/internal/flock"
 	"golang.org/x/sys/unix"
 )
 
@@ -182,7 +183,7 @@ func (s *Store) newStage() (*stage, error) {
 			_ = os.RemoveAll(dir)
 			return err
 		}
-		if err := flock(f, syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		if err := flock.Lock(f, syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 			f.Close()
 			_ = os.RemoveAll(dir)
 			return err

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/tai42/sandbox/internal/flock"
 )
 
 // DirName is the store's directory in a tai42 state directory: the CLI
@@ -202,7 +204,7 @@ func (s *Store) Acquire(name string) (Image, func(), error) {
 		if err != nil {
 			return fmt.Errorf("image %s: %w", canon, err)
 		}
-		if err := flock(f, syscall.LOCK_SH); err != nil {
+		if err := flock.Lock(f, syscall.LOCK_SH); err != nil {
 			f.Close()
 			return fmt.Errorf("image %s: locking: %w", canon, err)
 		}
@@ -260,7 +262,7 @@ func (s *Store) Remove(name string) error {
 		}
 		if f != nil {
 			defer f.Close()
-			if err := flock(f, syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			if err := flock.Lock(f, syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 				if errors.Is(err, syscall.EWOULDBLOCK) {
 					return fmt.Errorf("image %s is in use by a running session: remove it when the session ends: %w", canon, ErrInUse)
 				}
@@ -307,7 +309,7 @@ func (s *Store) withLock(fn func() error) error {
 		return fmt.Errorf("image store: %w", err)
 	}
 	defer f.Close()
-	if err := flock(f, syscall.LOCK_EX); err != nil {
+	if err := flock.Lock(f, syscall.LOCK_EX); err != nil {
 		return fmt.Errorf("image store: locking %s: %w", f.Name(), err)
 	}
 	return fn()
@@ -413,7 +415,7 @@ func (s *Store) trashIfFree(rel string) (string, bool) {
 		return "", false
 	default:
 		defer f.Close()
-		if flock(f, syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		if flock.Lock(f, syscall.LOCK_EX|syscall.LOCK_NB) != nil {
 			return "", false
 		}
 	}
@@ -451,17 +453,6 @@ func removeAll(path string) error {
 		return nil
 	})
 	return os.RemoveAll(path)
-}
-
-// flock takes the lock how asks for on f, retrying on EINTR. A lock held
-// elsewhere with LOCK_NB is syscall.EWOULDBLOCK.
-func flock(f *os.File, how int) error {
-	for {
-		err := syscall.Flock(int(f.Fd()), how)
-		if err != syscall.EINTR {
-			return err
-		}
-	}
 }
 
 func syncDir(dir string) error {

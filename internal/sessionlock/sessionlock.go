@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/tai42/sandbox/internal/flock"
 	"golang.org/x/sys/unix"
 )
 
@@ -57,21 +58,11 @@ func (d *Dir) Hold(id string) (*Lock, error) {
 		return nil, fmt.Errorf("session locks: %q is not a session id", id)
 	}
 	path := filepath.Join(d.path, id+suffix)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("session lock: %w", err)
-	}
-	for {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err != unix.EINTR {
-			break
-		}
+	f, err := flock.TryExclusive(path)
+	if errors.Is(err, unix.EWOULDBLOCK) {
+		return nil, fmt.Errorf("session %s: %w", id, ErrHeld)
 	}
 	if err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("session %s: %w", id, ErrHeld)
-		}
 		return nil, fmt.Errorf("session lock %s: %w", path, err)
 	}
 	l := &Lock{d: d, f: f, path: path}
