@@ -1,7 +1,6 @@
 package server
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/tai42/sandbox/api"
@@ -24,7 +23,7 @@ func BenchmarkDecodeStrict(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(c.body)))
 			for b.Loop() {
-				if err := decodeStrict(strings.NewReader(c.body), c.v()); err != nil {
+				if err := decodeStrict([]byte(c.body), c.v()); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -104,7 +104,7 @@ func (s *Server) callError(r *http.Request, err error) error {
 	return err
 }
 
-// decodeJSON decodes the body strictly into v (see decodeStrictBytes).
+// decodeJSON decodes the body strictly into v (see decodeStrict).
 // Errors are bad_request (naming the field or key where it can) or
 // too_large.
 func (s *Server) decodeJSON(r *http.Request, v any) error {
@@ -115,7 +115,7 @@ func (s *Server) decodeJSON(r *http.Request, v any) error {
 		}
 		return api.Transportf(api.KindBadRequest, "reading the request body failed: %v", err)
 	}
-	err = decodeStrictBytes(data, v)
+	err = decodeStrict(data, v)
 	var se *shapeError
 	switch {
 	case err == nil:
@@ -152,16 +152,6 @@ func shapef(format string, args ...any) error {
 	return &shapeError{msg: fmt.Sprintf(format, args...)}
 }
 
-// decodeStrict decodes exactly one JSON object from rd into v under the
-// rules of decodeStrictBytes.
-func decodeStrict(rd io.Reader, v any) error {
-	data, err := io.ReadAll(rd)
-	if err != nil {
-		return err
-	}
-	return decodeStrictBytes(data, v)
-}
-
 // strictJSON are the options of every request decode. JSON v2 matches a
 // name to a field exactly (encoding/json would take "ARGV" for argv) and
 // refuses a name twice in one object at any depth (encoding/json lets the
@@ -170,12 +160,12 @@ func decodeStrict(rd io.Reader, v any) error {
 // takes it.
 var strictJSON = jsonv2.JoinOptions(jsonv2.RejectUnknownMembers(true), jsontext.AllowInvalidUTF8(true))
 
-// decodeStrictBytes decodes data, exactly one JSON object, into v (a
+// decodeStrict decodes data, exactly one JSON object, into v (a
 // pointer to a struct) under strictJSON. A body of the wrong shape (not an
 // object, more than one value), an unknown field and a duplicate key are
 // *shapeErrors naming the key; a wrong type or malformed JSON is JSON v2's
 // error, which names where.
-func decodeStrictBytes(data []byte, v any) error {
+func decodeStrict(data []byte, v any) error {
 	dec := jsontext.NewDecoder(bytes.NewReader(data), strictJSON)
 	switch k := dec.PeekKind(); k {
 	case '{':

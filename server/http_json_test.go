@@ -83,7 +83,7 @@ func TestDecodeStrict(t *testing.T) {
 		{&spec, `{"image" "h"}`, "invalid character"},
 		{&spec, `{}}`, "invalid character"},
 	} {
-		err := decodeStrict(strings.NewReader(c.body), c.v)
+		err := decodeStrict([]byte(c.body), c.v)
 		var se *shapeError
 		switch {
 		case c.want == "" && err != nil && errors.As(err, &se):
@@ -100,17 +100,17 @@ func TestDecodeStrict(t *testing.T) {
 // decode is not echoed (it may be a secret) while its place is named.
 func TestDecodeStrictAsBefore(t *testing.T) {
 	var req api.ExecRequest
-	if err := decodeStrictBytes([]byte("{\"argv\":[\"a\xffb\"]}"), &req); err != nil || len(req.Argv) != 1 || req.Argv[0] != "a\uFFFDb" {
+	if err := decodeStrict([]byte("{\"argv\":[\"a\xffb\"]}"), &req); err != nil || len(req.Argv) != 1 || req.Argv[0] != "a\uFFFDb" {
 		t.Errorf("invalid UTF-8: %v, argv %q; want it taken as U+FFFD", err, req.Argv)
 	}
 	var spec api.SessionSpec
-	if err := decodeStrictBytes([]byte(`{"isolation":null,"cpu":null}`), &spec); err != nil || spec.Isolation != nil || spec.CPU != nil {
+	if err := decodeStrict([]byte(`{"isolation":null,"cpu":null}`), &spec); err != nil || spec.Isolation != nil || spec.CPU != nil {
 		t.Errorf("null isolation and cpu: %v, %v, %v; want both unset", err, spec.Isolation, spec.CPU)
 	}
-	if err := decodeStrictBytes([]byte(`{"isolation":"vm"}`), &spec); err != nil || spec.Isolation == nil || *spec.Isolation != "vm" {
+	if err := decodeStrict([]byte(`{"isolation":"vm"}`), &spec); err != nil || spec.Isolation == nil || *spec.Isolation != "vm" {
 		t.Errorf("isolation vm: %v, %v", err, spec.Isolation)
 	}
-	err := decodeStrictBytes([]byte(`{"env":{"TOKEN":31415926535}}`), &spec)
+	err := decodeStrict([]byte(`{"env":{"TOKEN":31415926535}}`), &spec)
 	if err == nil || strings.Contains(err.Error(), "31415926535") || !strings.Contains(err.Error(), "/env/TOKEN") {
 		t.Errorf("env value of the wrong type: %v; want its place named and the value left out", err)
 	}

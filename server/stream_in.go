@@ -101,7 +101,7 @@ func parseStart(typ websocket.MessageType, data []byte) (api.ExecRequest, string
 	if json.Unmarshal(data, &head) == nil && head.Type != "" && head.Type != api.FrameStart {
 		return req, fmt.Sprintf("the first frame must be of type %q, not %q", api.FrameStart, clipText(head.Type))
 	}
-	if err := decodeStrict(bytes.NewReader(data), &req); err != nil {
+	if err := decodeStrict(data, &req); err != nil {
 		return req, "malformed start frame: " + err.Error()
 	}
 	if req.Type != api.FrameStart {
@@ -144,7 +144,7 @@ func (st *execStream) handleFrame(typ websocket.MessageType, data []byte) bool {
 			Type string `json:"type"`
 			ID   uint64 `json:"id"`
 		}
-		if err := decodeStrict(bytes.NewReader(data), &f); err != nil {
+		if err := decodeStrict(data, &f); err != nil {
 			st.violate(fmt.Sprintf("malformed %s frame: %v", head.Type, err), true)
 			return false
 		}

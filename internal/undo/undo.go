@@ -97,16 +97,6 @@ func (s *Stack) Unwind(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Release hands the undos over to a new Stack, which it returns, and
-// leaves s empty: once a setup has succeeded, its deferred Unwind of s then
-// undoes nothing, and the owner of the returned Stack unwinds it at its
-// teardown.
-func (s *Stack) Release() *Stack {
-	out := &Stack{undos: s.undos}
-	s.undos = nil
-	return out
-}
-
 // Steps are the names of the undos on the stack, the first pushed first.
 func (s *Stack) Steps() []string {
 	names := make([]string, len(s.undos))

@@ -119,25 +119,21 @@ func TestUnwindEmpties(t *testing.T) {
 	}
 }
 
-// TestReleaseAfterSuccess is the setup's success: its deferred Unwind
-// undoes nothing, and the stack handed over undoes everything at the
+// TestTeardownAfterSuccess is the setup's success: nothing is undone
+// then, and the stack, kept by the setup's owner, undoes everything at the
 // teardown.
-func TestReleaseAfterSuccess(t *testing.T) {
+func TestTeardownAfterSuccess(t *testing.T) {
 	var log []string
-	teardown := func() *undo.Stack {
-		var s undo.Stack
-		defer func() { _ = s.Unwind(context.Background()) }()
-		if err := setup(&s, &log, ""); err != nil {
-			t.Fatalf("setup: %v", err)
-		}
-		return s.Release()
-	}()
+	var teardown undo.Stack
+	if err := setup(&teardown, &log, ""); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
 	want := []string{"do a", "do b", "do c", "do d"}
 	if !slices.Equal(log, want) {
 		t.Fatalf("after a successful setup, ran %q, want %q", log, want)
 	}
 	if got := teardown.Steps(); !slices.Equal(got, []string{"a", "b", "c", "d"}) {
-		t.Errorf("the released stack holds %q", got)
+		t.Errorf("the kept stack holds %q", got)
 	}
 	log = nil
 	if err := teardown.Unwind(context.Background()); err != nil {
