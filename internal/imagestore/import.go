@@ -116,16 +116,40 @@ func (s *Store) importImage(ctx context.Context, file, want string) (Image, erro
 	if err != nil {
 		return Image{}, fmt.Errorf("%w: reading image %s: %w", ErrInvalidImage, c.label(), err)
 	}
+	return s.addImage(ctx, st, addRequest{Name: canon, Image: img, Label: c.label()})
+}
+
+// addRequest is an image to add to the store under Name: imported from a
+// file, or pulled from a registry.
+type addRequest struct {
+	Name   string   // canonical (see CanonicalName)
+	Image  v1.Image // its layers are read through Fetch
+	Label  string   // names the image in errors: a file's image, or the reference pulled
+	Digest string   // the manifest digest it was pulled by; "" for an import without one
+	// Fetch opens a layer's uncompressed tar stream; nil is
+	// l.Uncompressed(). A pull passes one that counts the bytes fetched
+	// for its progress. The store checks the stream against the layer's
+	// DiffID itself.
+	Fetch func(l v1.Layer) (io.ReadCloser, error)
+	// Events, when set, is told of each layer the store has already
+	// (sandbox.PullLayerExists) and of each it has unpacked
+	// (sandbox.PullLayerDone).
+	Events func(layer v1.Hash, status string)
+}
+
+// addImage unpacks req's image in st and commits it under req.Name.
+func (s *Store) addImage(ctx context.Context, st *stage, req addRequest) (Image, error) {
+	img := req.Image
 	cfg, err := img.ConfigFile()
 	if err != nil {
-		return Image{}, fmt.Errorf("%w: reading the config of image %s: %w", ErrInvalidImage, c.label(), err)
+		return Image{}, fmt.Errorf("%w: reading the config of image %s: %w", ErrInvalidImage, req.Label, err)
 	}
 	id, err := img.ConfigName()
 	if err != nil {
-		return Image{}, fmt.Errorf("%w: image %s: %w", ErrInvalidImage, c.label(), err)
+		return Image{}, fmt.Errorf("%w: image %s: %w", ErrInvalidImage, req.Label, err)
 	}
 	if (cfg.OS != "" && cfg.OS != "linux") || (cfg.Architecture != "" && cfg.Architecture != runtime.GOARCH) {
-		return Image{}, fmt.Errorf("%w: image %s is for %s/%s; this machine runs linux/%s", ErrInvalidImage, c.label(), cfg.OS, cfg.Architecture, runtime.GOARCH)
+		return Image{}, fmt.Errorf("%w: image %s is for %s/%s; this machine runs linux/%s", ErrInvalidImage, req.Label, cfg.OS, cfg.Architecture, runtime.GOARCH)
 	}
 
 	rootfs := filepath.Join(st.dir, rootfsDir)
@@ -149,7 +173,7 @@ func (s *Store) importImage(ctx context.Context, file, want string) (Image, erro
 		return Image{}, err
 	}
 	e := indexEntry{
-		Name:       canon,
+		Name:       req.Name,
 		ID:         id.String(),
 		Size:       size,
 		Imported:   time.Now().UTC().Round(time.Millisecond),

@@ -67,6 +67,10 @@ type Image struct {
 	Env        []string  // the image config's Env, "KEY=VALUE" each
 	WorkingDir string    // the image config's WorkingDir, "" for none
 	Rootfs     string    // absolute path of the unpacked root filesystem; never contains ':' put there by the store
+	// Layers are the absolute paths of the image's unpacked layers, lowest
+	// first, for an overlay's lowerdirs (the top one given first to
+	// overlayfs); none contains ':' or ','.
+	Layers []string
 }
 
 // Store is a directory of images imported from OCI layouts and docker save
@@ -295,6 +299,7 @@ func (s *Store) image(e indexEntry) Image {
 		Env:        slices.Clone(e.Env),
 		WorkingDir: e.WorkingDir,
 		Rootfs:     filepath.Join(s.dir, e.Dir, rootfsDir),
+		Layers:     []string{filepath.Join(s.dir, e.Dir, rootfsDir)},
 	}
 }
 
