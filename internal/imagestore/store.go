@@ -45,6 +45,11 @@ var ErrInUse = errors.New("image in use")
 //	tmp/<r>         imports in progress, each holding an exclusive lock on
 //	                its "lock" file
 //	trash/          directories being removed
+//
+// DefaultMaxImageSize bounds the bytes an image's layers unpack to (the
+// apparent size of their files), unless the store is opened with another.
+const DefaultMaxImageSize int64 = 20 << 30
+
 const (
 	storeLockFile = "lock"
 	indexFile     = "index.json"
@@ -63,9 +68,18 @@ type Image struct {
 	Name       string    // canonical name (see CanonicalName), e.g. "busybox:latest"
 	ID         string    // content digest of the image's config, e.g. "sha256:0123…" (docker's IMAGE ID)
 	Size       int64     // bytes the unpacked rootfs takes on disk (allocated blocks; a hardlinked file counts once)
-	Imported   time.Time // when it was imported under Name
+	Imported   time.Time // when it was imported under Name (goes: Pulled)
 	Env        []string  // the image config's Env, "KEY=VALUE" each
 	WorkingDir string    // the image config's WorkingDir, "" for none
+	// Filled by the layered store (the "store" part), which also drops
+	// Rootfs and Imported for Layers and Pulled:
+	Digest     string    // the manifest digest it was pulled by; "" for an import without one
+	Platform   string    // "os/arch[/variant]" of its config
+	SharedSize int64     // the part of Size in layers other images use too
+	Pulled     time.Time // when it was pulled or imported under Name
+	User       string    // the image config's User
+	Entrypoint []string  // the image config's Entrypoint
+	Cmd        []string  // the image config's Cmd
 	Rootfs     string    // absolute path of the unpacked root filesystem; never contains ':' put there by the store
 	// Layers are the absolute paths of the image's unpacked layers, lowest
 	// first, for an overlay's lowerdirs (the top one given first to
@@ -300,6 +314,7 @@ func (s *Store) image(e indexEntry) Image {
 		WorkingDir: e.WorkingDir,
 		Rootfs:     filepath.Join(s.dir, e.Dir, rootfsDir),
 		Layers:     []string{filepath.Join(s.dir, e.Dir, rootfsDir)},
+		Pulled:     e.Imported,
 	}
 }
 

@@ -115,6 +115,15 @@ const DefaultPidsLimit = 1024
 // (<StateDir>/images). The Ledger (see [kit.Options.Ledger]): nil means
 // one in memory, and the provider then removes every session an earlier
 // run left; a durable one lets New bring back the sessions it holds live.
+// PullPolicy says when a create pulls its image (see Options.Pull).
+type PullPolicy string
+
+const (
+	PullMissing PullPolicy = "missing"
+	PullAlways  PullPolicy = "always"
+	PullNever   PullPolicy = "never"
+)
+
 type Options struct {
 	kit.Options
 	kit.ProviderOptions
@@ -166,6 +175,17 @@ type Options struct {
 	EgressAllowMinTTL, EgressAllowGrace time.Duration
 	// Images is the image store's directory; "" means <StateDir>/images.
 	Images string
+	// Pull says when a create pulls its image from its registry: "" or
+	// PullMissing when the store lacks it, PullAlways on every create (a
+	// registry round trip; layers held are not fetched again), PullNever
+	// never (an image the store lacks is rejected).
+	Pull PullPolicy
+	// Registry is how pulls reach registries (mirrors, insecure hosts,
+	// credentials, the stall timeout).
+	Registry imagestore.RegistryOptions
+	// MaxImageSize bounds the bytes one image's layers unpack to; 0 means
+	// imagestore.DefaultMaxImageSize.
+	MaxImageSize int64
 	// Network, when set, is a network manager the provider uses instead
 	// of making (and at Close tearing down) its own; NetPrefix and the
 	// subnets are then unused. Providers in one process share one this
