@@ -28,6 +28,10 @@ func TestMain(m *testing.M) {
 		helperProcess()
 		return
 	}
+	if os.Getenv(importHelperEnv) != "" {
+		importHelperProcess()
+		return
+	}
 	goleak.VerifyTestMain(m)
 }
 
