@@ -267,6 +267,9 @@ func (u *unpacker) layer(ctx context.Context, j *layerJob, lowers []*layerJob) e
 		}
 	}
 	existed, err := u.commitLayer(ctx, j, tmp, dest)
+	if errors.Is(err, syscall.ENOSPC) {
+		err = fmt.Errorf("%w: %w", ErrDiskFull, err)
+	}
 	if err != nil {
 		return fmt.Errorf("image store: layer %d (%s): %w", j.n, j.diffID, err)
 	}

@@ -595,7 +595,7 @@ func TestPruneCounts(t *testing.T) {
 			<-gone
 			return nil, errRegistryGone
 		},
-		Events: func(h v1.Hash, status string) {
+		Events: func(_ v1.Hash, status string) {
 			if status == "done" {
 				close(gone)
 			}

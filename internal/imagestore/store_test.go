@@ -599,7 +599,11 @@ func TestNoFDLeak(t *testing.T) {
 	release()
 	_, _ = s.List()
 	_, _ = s.Get("saved:1")
-	for _, n := range []string{"tool", "saved:1", "tool:2"} {
+	_, _ = add(context.Background(), t, s, addRequest{Name: "failed:1", Image: onBase(t, "f"),
+		Fetch: func(v1.Layer) (io.ReadCloser, error) { return nil, errRegistryGone }})
+	_, _ = s.Import(context.Background(), mkLayout(t, named{"shared:1", onBase(t, "s")}), "")
+	_, _ = s.Prune(context.Background())
+	for _, n := range []string{"tool", "saved:1", "tool:2", "shared:1"} {
 		_ = s.Remove(n)
 	}
 	if after := openFDs(t); len(after) > len(before) {
