@@ -27,10 +27,11 @@ import (
 )
 
 // sharedBase is a base layer several test images are built on: a 256 KiB
-// file, so its size stands out from the small layers on top.
+// file (not zeros, which an unpacking may leave as a hole), so its size
+// stands out from the small layers on top.
 func sharedBase(t testing.TB) []byte {
 	t.Helper()
-	return mkTar(t, tent{name: "etc", typ: tar.TypeDir}, tent{name: "etc/base", data: "base"}, tent{name: "big", size: 256 << 10})
+	return mkTar(t, tent{name: "etc", typ: tar.TypeDir}, tent{name: "etc/base", data: "base"}, tent{name: "big", data: strings.Repeat("base", 64<<10)})
 }
 
 // onBase is an image of sharedBase and one layer holding the file top
@@ -326,7 +327,7 @@ func TestCancelMidLayer(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		return &cancelAfter{ReadCloser: rc, n: 1 << 20, cancel: cancel}, nil
+		return &cancelMidway{ReadCloser: rc, n: 1 << 20, cancel: cancel}, nil
 	}})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("add cancelled mid-layer: %v", err)
@@ -337,14 +338,14 @@ func TestCancelMidLayer(t *testing.T) {
 	assertClean(t, s)
 }
 
-// cancelAfter cancels once n bytes were read.
-type cancelAfter struct {
+// cancelMidway cancels once n bytes were read.
+type cancelMidway struct {
 	io.ReadCloser
 	n      int
 	cancel func()
 }
 
-func (c *cancelAfter) Read(p []byte) (int, error) {
+func (c *cancelMidway) Read(p []byte) (int, error) {
 	n, err := c.ReadCloser.Read(p)
 	if c.n -= n; c.n <= 0 {
 		c.cancel()
@@ -584,7 +585,7 @@ func TestMigrateV1(t *testing.T) {
 // add left (which Open keeps), and reports them.
 func TestPruneCounts(t *testing.T) {
 	s := openStore(t)
-	img := mkImage(t, nil, mkTar(t, tent{name: "f", size: 64 << 10}), mkTar(t, tent{name: "g", data: "g"}))
+	img := mkImage(t, nil, mkTar(t, tent{name: "f", data: strings.Repeat("f", 64<<10)}), mkTar(t, tent{name: "g", data: "g"}))
 	keys := diffKeys(t, img)
 	gone := make(chan struct{})
 	_, err := add(context.Background(), t, s, addRequest{Name: "x:1", Image: img,
