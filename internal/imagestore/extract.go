@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -133,11 +135,15 @@ func diskFull(dir string, err error) error {
 	return fmt.Errorf("%w: unpacking into %s: %w; free space on its filesystem, or raise its size or quota, or choose another state directory (tai42 serve --state-dir)", ErrDiskFull, dir, err)
 }
 
-// crossLink is a hard link of a layer whose target is not in that layer:
-// linkFromLowers makes it from the layers below once they are unpacked.
+// crossLink is a hard link of a layer whose target is not in that layer,
+// or (dir) a directory of the layer that its tar does not list (made for
+// the entries in it, the layer's root too): linkFromLowers makes the link
+// from the layers below once they are unpacked, and gives the directory
+// the attributes it has below, as overlayfs shows the topmost layer's.
 type crossLink struct {
-	name   string  // the link, a cleaned name in the layer
-	target string  // what it links to, a cleaned name
+	name   string  // the link or directory, a cleaned name in the layer
+	target string  // what it links to, a cleaned name; "" for a directory
+	dir    bool    // an implicit directory
 	budget *budget // the image's, charged the size of the copy
 }
 
@@ -152,8 +158,8 @@ const (
 
 // extractLayer unpacks the tar stream r of one OCI layer into the
 // existing, empty directory dest in overlayfs's own format, so that the
-// layers of an image stack as overlay lower directories, and returns the
-// hard links whose targets are in the layers below (for linkFromLowers).
+// layers of an image stack as overlay lower directories, and returns what
+// needs the layers below (for linkFromLowers, once they are unpacked).
 //
 // It has extractTar's protections (os.Root, no "..", no absolute names,
 // no write through a symlink, device nodes and fifos skipped, streaming)
@@ -173,7 +179,9 @@ const (
 //     layer's contents stay), in either order.
 //   - A name the tar has twice: the later entry wins, as when untarring;
 //     a directory then a non-directory of one name is refused.
-//   - A hard link to a name this layer lacks is returned as a crossLink.
+//   - A hard link to a name this layer lacks is returned as a crossLink,
+//     and so is a directory the tar does not list: its attributes are
+//     those of the layers below.
 //   - Every file's apparent size is charged to opts.budget before it is
 //     written (ErrTooLarge), and runs of zero blocks are left as holes,
 //     so a 10 GiB sparse file costs no disk.
@@ -204,6 +212,7 @@ func extractLayerInto(ctx context.Context, r io.Reader, dest string, opts layerO
 		budget:    opts.budget,
 		whiteouts: map[string]bool{},
 		opaque:    map[string]bool{},
+		implicit:  map[string]bool{},
 	})
 	if err := x.readAll(ctx, r); err != nil {
 		return nil, err
@@ -216,6 +225,12 @@ func extractLayerInto(ctx context.Context, r io.Reader, dest string, opts layerO
 	for _, hdr := range later {
 		cross = append(cross, crossLink{name: hdr.Name, target: path.Clean(hdr.Linkname), budget: opts.budget})
 	}
+	x.layer.implicit["."] = true
+	for _, d := range slices.Sorted(maps.Keys(x.layer.implicit)) {
+		if _, listed := x.dirs[d]; !listed {
+			cross = append(cross, crossLink{name: d, dir: true})
+		}
+	}
 	return cross, x.finishDirs()
 }
 
@@ -225,21 +240,26 @@ func extractLayerInto(ctx context.Context, r io.Reader, dest string, opts layerO
 func clearDir(dir string) {
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
-		_ = os.RemoveAll(dir + "/" + e.Name())
+		_ = os.RemoveAll(filepath.Join(dir, e.Name()))
 	}
 	_ = unix.Removexattr(dir, opaqueXattr)
 }
 
-// linkFromLowers makes the hard links extractLayer returned for the layer
-// dest, once the layers below it (lowers, lowest first) are unpacked: each
-// becomes a copy (content, mode, owner, times, kept xattrs) of its target
-// as overlayfs would show it from the layer just below dest, that is from
-// the topmost lower layer holding it, never a link to another layer's
-// file (layers are shared between images, and a file of one must not
-// change with another). A target through a symlink, deleted by a
+// linkFromLowers completes the layer dest with what extractLayer returned
+// for it, once the layers below it (lowers, lowest first) are unpacked;
+// call it for every layer (it does nothing for an empty list). Each hard
+// link becomes a copy (content, mode, owner, times, kept xattrs) of its
+// target as overlayfs would show it from the layer just below dest, that
+// is from the topmost lower layer holding it, never a link to another
+// layer's file (layers are shared between images, and a file of one must
+// not change with another). A target through a symlink, deleted by a
 // whiteout, hidden by an opaque directory, missing, or not a file, is a
-// hostile image's (ErrInvalidImage). Each lower is read through its own
-// os.Root. A link to another link of dest is made once that one is.
+// hostile image's (ErrInvalidImage). A link to another link of dest is
+// made once that one is. Each implicit directory gets the mode, owner and
+// times of the directory overlayfs would show from below (it keeps its
+// own when none). The directories the copies go into keep their times.
+// Owners are copied as root (where extractLayer keeps them). Each lower
+// is read through its own os.Root.
 func linkFromLowers(dest string, lowers []string, links []crossLink) error {
 	if len(links) == 0 {
 		return nil
@@ -266,20 +286,88 @@ func linkFromLowersInto(dest string, lowers []string, links []crossLink) error {
 		layers = append(layers, lr)
 	}
 	l := &linker{
-		x:       newExtractor(root, extractOptions{keepOwners: os.Geteuid() == 0, keepLinks: true}, &layerState{}),
+		x:       newExtractor(root, extractOptions{keepOwners: os.Geteuid() == 0, keepLinks: true}, &layerState{implicit: map[string]bool{}}),
 		layers:  layers,
 		pending: map[string]crossLink{},
-		state:   map[string]int{},
+		state:   map[string]linkState{},
+	}
+	var dirs []crossLink
+	for _, c := range links {
+		if c.dir {
+			dirs = append(dirs, c)
+		} else {
+			l.pending[c.name] = c
+		}
+	}
+	saved, err := l.dirTimes()
+	if err != nil {
+		return err
 	}
 	for _, c := range links {
-		l.pending[c.name] = c
-	}
-	for _, c := range links {
+		if c.dir {
+			continue
+		}
 		if err := l.resolve(c); err != nil {
 			return err
 		}
 	}
+	for d, fi := range saved {
+		if err := l.x.times(d, fi, false); err != nil {
+			return err
+		}
+	}
+	// Deepest first: setting a directory's times must come after its
+	// subdirectories' changes.
+	slices.SortFunc(dirs, func(a, b crossLink) int { return cmp.Compare(depthOf(b.name), depthOf(a.name)) })
+	for _, c := range dirs {
+		if err := l.dirFromBelow(c.name); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// dirTimes are the times (as a header's) of the directories of dest the
+// hard links go into, which making them changes.
+func (l *linker) dirTimes() (map[string]*tar.Header, error) {
+	saved := map[string]*tar.Header{}
+	for name := range l.pending {
+		d := path.Dir(name)
+		if _, done := saved[d]; done {
+			continue
+		}
+		fi, ok, err := l.x.exists(d)
+		if err != nil {
+			return nil, err
+		}
+		if ok && fi.IsDir() {
+			st := fi.Sys().(*syscall.Stat_t)
+			saved[d] = &tar.Header{ModTime: time.Unix(st.Mtim.Unix()), AccessTime: time.Unix(st.Atim.Unix())}
+		}
+	}
+	return saved, nil
+}
+
+// dirFromBelow gives the implicit directory name of dest the attributes of
+// the directory the layers below show there, if any.
+func (l *linker) dirFromBelow(name string) error {
+	r := l.find(name, 1)
+	if r.layer < 0 || !r.fi.IsDir() {
+		return nil // a new directory, or one replacing a non-directory: it keeps its own
+	}
+	st := r.fi.Sys().(*syscall.Stat_t)
+	hdr := &tar.Header{Mode: int64(st.Mode & 0o7777), Uid: int(st.Uid), Gid: int(st.Gid),
+		ModTime: time.Unix(st.Mtim.Unix()), AccessTime: time.Unix(st.Atim.Unix())}
+	x := l.x
+	if x.opts.keepOwners {
+		if err := x.root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
+			return entryErr(name, err)
+		}
+	}
+	if err := x.root.Chmod(name, modeOf(hdr)); err != nil {
+		return entryErr(name, err)
+	}
+	return x.times(name, hdr, false)
 }
 
 // linker makes a layer's cross-layer hard links.
@@ -287,17 +375,25 @@ type linker struct {
 	x       *extractor // of dest
 	layers  []*os.Root // dest, then the lowers from the top
 	pending map[string]crossLink
-	state   map[string]int // name -> 1 while resolving, 2 once done
+	state   map[string]linkState
 }
+
+type linkState int
+
+const (
+	linkPending linkState = iota
+	linkResolving
+	linkDone
+)
 
 func (l *linker) resolve(c crossLink) error {
 	switch l.state[c.name] {
-	case 1:
+	case linkResolving:
 		return hostile(c.name, "hard links in a cycle")
-	case 2:
+	case linkDone:
 		return nil
 	}
-	l.state[c.name] = 1
+	l.state[c.name] = linkResolving
 	// A link to another link of this layer: that one first, then this is
 	// a plain link to it inside dest.
 	if t, ok := l.pending[c.target]; ok && t.name != c.name {
@@ -306,7 +402,7 @@ func (l *linker) resolve(c crossLink) error {
 		}
 	}
 	err := l.make(c)
-	l.state[c.name] = 2
+	l.state[c.name] = linkDone
 	return err
 }
 
@@ -328,46 +424,62 @@ func (l *linker) make(c crossLink) error {
 	return x.copyFrom(l.layers[i], c, fi)
 }
 
-// lookup finds c's target as overlayfs would, from the top: the index in
-// l.layers of the layer whose file it is, and the file's Lstat.
-func (l *linker) lookup(c crossLink) (int, fs.FileInfo, error) {
-	parts := strings.Split(c.target, "/")
-	for i, layer := range l.layers {
-		hidesBelow, err := isOpaque(layer, ".")
-		if err != nil {
-			return 0, nil, entryErr(c.name, err)
-		}
+// found is what find found: the index in l.layers of the layer whose
+// entry overlayfs shows (-1 for none), and the entry's Lstat; else whether
+// a layer deletes it (a whiteout), or which parent of it is a symlink or
+// not a directory in the layer that shows that parent.
+type found struct {
+	layer   int
+	fi      fs.FileInfo
+	deleted bool
+	blocked string
+}
+
+// find looks name up as overlayfs would in l.layers[from:], from the top.
+func (l *linker) find(name string, from int) found {
+	parts := strings.Split(name, "/")
+	for i := from; i < len(l.layers); i++ {
+		layer := l.layers[i]
+		hidesBelow, _ := isOpaque(layer, ".")
 		for j := range parts {
 			p := strings.Join(parts[:j+1], "/")
 			fi, err := layer.Lstat(p)
-			if errors.Is(err, fs.ErrNotExist) {
-				break // this layer lacks it
-			}
 			if err != nil {
-				return 0, nil, entryErr(c.name, err)
+				break // this layer lacks it (or cannot show it)
 			}
-			final := j == len(parts)-1
 			switch {
 			case isWhiteout(fi):
-				return 0, nil, hostile(c.name, "hard link to %q, which a layer deletes", c.target)
-			case final && (fi.Mode().IsRegular() || fi.Mode()&fs.ModeSymlink != 0):
-				return i, fi, nil
-			case final:
-				return 0, nil, hostile(c.name, "hard link to %q, which is not a file", c.target)
+				return found{layer: -1, deleted: true}
+			case j == len(parts)-1:
+				return found{layer: i, fi: fi}
 			case !fi.IsDir():
-				return 0, nil, hostile(c.name, "hard link to %q, which is not a file of the image (its parent %q is a symlink or not a directory)", c.target, p)
+				return found{layer: -1, blocked: p}
 			}
-			opq, err := isOpaque(layer, p)
-			if err != nil {
-				return 0, nil, entryErr(c.name, err)
-			}
+			opq, _ := isOpaque(layer, p)
 			hidesBelow = hidesBelow || opq
 		}
 		if hidesBelow {
 			break
 		}
 	}
-	return 0, nil, hostile(c.name, "hard link to %q, which neither its layer nor the layers below have", c.target)
+	return found{layer: -1}
+}
+
+// lookup finds c's target for a hard link: the index in l.layers of the
+// layer whose file it is, and the file's Lstat.
+func (l *linker) lookup(c crossLink) (int, fs.FileInfo, error) {
+	r := l.find(c.target, 0)
+	switch {
+	case r.deleted:
+		return 0, nil, hostile(c.name, "hard link to %q, which a layer deletes", c.target)
+	case r.blocked != "":
+		return 0, nil, hostile(c.name, "hard link to %q, which is not a file of the image (its parent %q is a symlink or not a directory)", c.target, r.blocked)
+	case r.layer < 0:
+		return 0, nil, hostile(c.name, "hard link to %q, which neither its layer nor the layers below have", c.target)
+	case !r.fi.Mode().IsRegular() && r.fi.Mode()&fs.ModeSymlink == 0:
+		return 0, nil, hostile(c.name, "hard link to %q, which is not a file", c.target)
+	}
+	return r.layer, r.fi, nil
 }
 
 // isWhiteout reports whether fi is overlayfs's whiteout, a 0:0 character
@@ -537,6 +649,7 @@ type layerState struct {
 	budget    *budget
 	whiteouts map[string]bool // names whited out in this layer (by a char device made here)
 	opaque    map[string]bool // directories made opaque
+	implicit  map[string]bool // directories made for the entries in them
 }
 
 func newExtractor(root *os.Root, opts extractOptions, layer *layerState) *extractor {
@@ -788,6 +901,9 @@ func (x *extractor) walkParents(name string, create bool) error {
 			if err := x.root.Mkdir(p, 0o755); err != nil {
 				return entryErr(name, err)
 			}
+			if x.layer != nil {
+				x.layer.implicit[p] = true
+			}
 		case fi.Mode()&fs.ModeSymlink != 0:
 			return hostile(name, "its parent %q is a symlink: refusing to write through it", p)
 		case !fi.IsDir():
@@ -1005,13 +1121,7 @@ func (x *extractor) finishDirs() error {
 	for n := range x.dirs {
 		names = append(names, n)
 	}
-	depth := func(n string) int {
-		if n == "." {
-			return 0
-		}
-		return strings.Count(n, "/") + 1
-	}
-	slices.SortFunc(names, func(a, b string) int { return cmp.Or(cmp.Compare(depth(b), depth(a)), cmp.Compare(a, b)) })
+	slices.SortFunc(names, func(a, b string) int { return cmp.Or(cmp.Compare(depthOf(b), depthOf(a)), cmp.Compare(a, b)) })
 	for _, n := range names {
 		hdr := x.dirs[n]
 		if x.opts.keepOwners {
@@ -1027,6 +1137,14 @@ func (x *extractor) finishDirs() error {
 		}
 	}
 	return nil
+}
+
+// depthOf is how deep the cleaned name n is: 0 for the root.
+func depthOf(n string) int {
+	if n == "." {
+		return 0
+	}
+	return strings.Count(n, "/") + 1
 }
 
 // times sets name's access and modification times from hdr; a symlink's

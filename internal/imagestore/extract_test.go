@@ -447,7 +447,7 @@ func TestExtractLayerHostile(t *testing.T) {
 		}},
 		{name: "hardlink-to-a-lower-layer", ents: []tent{{name: "x", data: "x"}, {name: "in", typ: tar.TypeLink, linkname: "x"}, {name: "a/h", typ: tar.TypeLink, linkname: "./usr/bin/../bin/sh"}},
 			check: func(t *testing.T, dest string, links []crossLink) {
-				if len(links) != 1 || links[0].name != "a/h" || links[0].target != "usr/bin/sh" {
+				if links = hardLinks(links); len(links) != 1 || links[0].name != "a/h" || links[0].target != "usr/bin/sh" {
 					t.Errorf("cross-layer links %+v, want a/h -> usr/bin/sh", links)
 				}
 				a, _ := os.Stat(filepath.Join(dest, "x"))
@@ -558,12 +558,13 @@ func TestLinkFromLowers(t *testing.T) {
 		tent{name: ".wh.gone"},
 	)
 	top, links := unpackLayer(t,
+		tent{name: "usr", typ: tar.TypeDir, mtime: mtime}, tent{name: "usr/bin", typ: tar.TypeDir, mtime: mtime},
 		tent{name: "usr/bin/tool", typ: tar.TypeLink, linkname: "bin/tool"},
 		tent{name: "usr/bin/tool2", typ: tar.TypeLink, linkname: "usr/bin/tool"},
 		tent{name: "sh", typ: tar.TypeLink, linkname: "bin/sh"},
 		tent{name: "conf", typ: tar.TypeLink, linkname: "etc/conf"},
 	)
-	if len(links) != 4 {
+	if n := len(hardLinks(links)); n != 4 {
 		t.Fatalf("cross-layer links %+v, want 4", links)
 	}
 	if err := linkFromLowers(top, []string{bottom, mid}, links); err != nil {
@@ -598,6 +599,9 @@ func TestLinkFromLowers(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(top, "conf")); string(b) != "conf" {
 		t.Errorf("conf: %q", b)
+	}
+	if fi, _ := os.Stat(filepath.Join(top, "usr/bin")); !fi.ModTime().Equal(mtime) {
+		t.Errorf("usr/bin: mtime %v, want the tar's %v (kept while the copies went in)", fi.ModTime(), mtime)
 	}
 
 	for _, c := range []struct {
@@ -645,6 +649,65 @@ func TestLinkFromLowers(t *testing.T) {
 			t.Fatalf("two 2 MiB copies under a 3 MiB budget: %v, want ErrTooLarge", err)
 		}
 	})
+}
+
+// hardLinks are the hard links of links (not the implicit directories).
+func hardLinks(links []crossLink) []crossLink {
+	return slices.DeleteFunc(slices.Clone(links), func(c crossLink) bool { return c.dir })
+}
+
+// TestImplicitDirsFromBelow checks that the directories a layer's tar does
+// not list (its root included) show the attributes they have below, not
+// those they were made with, through a real overlayfs too.
+func TestImplicitDirsFromBelow(t *testing.T) {
+	t1 := time.Date(2006, 1, 2, 3, 4, 5, 0, time.UTC)
+	t2 := time.Date(2007, 1, 2, 3, 4, 5, 0, time.UTC)
+	bottom, links := unpackLayer(t,
+		tent{name: "./", typ: tar.TypeDir, mode: 0o751, mtime: t1},
+		tent{name: "tmp", typ: tar.TypeDir, mode: 0o1777, mtime: t1, uid: 0},
+		tent{name: "a", typ: tar.TypeDir, mode: 0o750, uid: 5, gid: 6, mtime: t1}, tent{name: "a/x", data: "x"},
+		tent{name: "f", data: "f"},
+	)
+	if len(links) != 0 {
+		t.Fatalf("a layer listing its directories: %+v, want nothing to complete", links)
+	}
+	top, links := unpackLayer(t,
+		tent{name: "tmp/new", data: "n"}, tent{name: "a/.wh.x"},
+		tent{name: "f/in", data: "a directory where a file was"},
+		tent{name: "n/m/new", data: "n", mtime: t2}, // no such directory below
+	)
+	if err := linkFromLowers(top, []string{bottom}, links); err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		path     string
+		mode     os.FileMode
+		uid, gid uint32
+	}{{".", 0o751, 0, 0}, {"tmp", 0o777 | os.ModeSticky, 0, 0}, {"a", 0o750, 5, 6}}
+	check := func(dir string) {
+		for _, c := range want {
+			fi, err := os.Stat(filepath.Join(dir, c.path))
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := fi.Sys().(*syscall.Stat_t)
+			if fi.Mode().Perm()|fi.Mode()&os.ModeSticky != c.mode || !fi.ModTime().Equal(t1) {
+				t.Errorf("%s/%s: %v %v, want %v %v", dir, c.path, fi.Mode(), fi.ModTime(), c.mode, t1)
+			}
+			if os.Geteuid() == 0 && (st.Uid != c.uid || st.Gid != c.gid) {
+				t.Errorf("%s/%s: owner %d:%d, want %d:%d", dir, c.path, st.Uid, st.Gid, c.uid, c.gid)
+			}
+		}
+	}
+	check(top)
+	for _, p := range []string{"f", "n", "n/m"} {
+		if fi, _ := os.Stat(filepath.Join(top, p)); fi.Mode().Perm() != 0o755 || fi.ModTime().Equal(t1) {
+			t.Errorf("%s: %v %v, want a directory of its own (0755)", p, fi.Mode(), fi.ModTime())
+		}
+	}
+	if os.Geteuid() == 0 {
+		check(mountOverlay(t, bottom, top))
+	}
 }
 
 // zeroTar is a tar stream of one file of size zero bytes, made as it is
