@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -674,4 +675,28 @@ func TestAcquireAcrossProcessesKeepsLayers(t *testing.T) {
 	}
 	assertClean(t, s)
 	assertNoUnusedLayers(t, s)
+}
+
+// BenchmarkImportLayers imports an image of four 16 MiB layers (random
+// content, gzip-compressed in an OCI layout) into an empty store: the
+// fetch, hash, unpack and commit of layers side by side.
+func BenchmarkImportLayers(b *testing.B) {
+	const n, size = 4, 16 << 20
+	var layers [][]byte
+	for i := range n {
+		data := make([]byte, size)
+		_, _ = rand.NewChaCha8([32]byte{byte(i)}).Read(data)
+		layers = append(layers, mkTar(b, tent{name: fmt.Sprint("f", i), data: string(data)}))
+	}
+	dir := layoutOf(b, "bench", layers...)
+	b.SetBytes(n * size)
+	b.ResetTimer()
+	for b.Loop() {
+		b.StopTimer()
+		s := openStore(b)
+		b.StartTimer()
+		if _, err := s.Import(context.Background(), dir, ""); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
