@@ -248,7 +248,7 @@ func assertClean(t testing.TB, s *Store) {
 	for _, e := range ix.Images {
 		want = append(want, e.Dir)
 		for _, k := range e.Layers {
-			for _, p := range []string{layerFSDir, layerMetaDir} {
+			for _, p := range []string{layerFSDir, layerMetaFile} {
 				if _, err := os.Stat(filepath.Join(s.layerPath(k), p)); err != nil {
 					t.Errorf("image %s: layer %s: %v", e.Name, k, err)
 				}

@@ -33,7 +33,7 @@ var layerDirPattern = lazyRegexp(`^(sha256-[0-9a-f]{64}|v1-[a-z0-9]+-[0-9a-f]{32
 
 const (
 	layerFSDir   = "fs"
-	layerMetaDir = "meta.json"
+	layerMetaFile = "meta.json"
 	// v1KeyPrefix keys a layer migrated from a version-1 store; no diffID
 	// ("sha256:...") starts with it.
 	v1KeyPrefix = "v1:"
@@ -62,7 +62,7 @@ type layerMeta struct {
 // cannot be read.
 func (s *Store) layerSize(k string) int64 {
 	var m layerMeta
-	if readJSON(filepath.Join(s.layerPath(k), layerMetaDir), &m) != nil {
+	if readJSON(filepath.Join(s.layerPath(k), layerMetaFile), &m) != nil {
 		return 0
 	}
 	return m.Size
@@ -360,7 +360,7 @@ func (u *unpacker) commitLayer(ctx context.Context, j *layerJob, tmp, dest strin
 			m.Digest = d.String()
 		}
 	}
-	if err := writeJSON(filepath.Join(tmp, layerMetaDir), m); err != nil {
+	if err := writeJSON(filepath.Join(tmp, layerMetaFile), m); err != nil {
 		return false, err
 	}
 	if err := syncFS(tmp); err != nil {

@@ -299,7 +299,7 @@ func TestFailedAddResumes(t *testing.T) {
 			t.Errorf("layer %d (%s): event %q, want %q (events %v)", i+1, d, events[d.String()], want, events)
 		}
 		var m layerMeta
-		if err := readJSON(filepath.Join(s.layerPath(keys[i]), layerMetaDir), &m); err != nil || m.DiffID != keys[i] || m.Size <= 0 {
+		if err := readJSON(filepath.Join(s.layerPath(keys[i]), layerMetaFile), &m); err != nil || m.DiffID != keys[i] || m.Size <= 0 {
 			t.Errorf("layer %d meta %+v %v", i+1, m, err)
 		}
 		if i > 0 && m.Digest != d.String() {

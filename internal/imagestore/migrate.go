@@ -76,7 +76,7 @@ func (s *Store) migrateImage(e v1Entry) (indexEntry, error) {
 	if err := os.MkdirAll(layer, 0o700); err != nil {
 		return indexEntry{}, err
 	}
-	if err := writeJSON(filepath.Join(layer, layerMetaDir), layerMeta{DiffID: key, Size: e.Size}); err != nil {
+	if err := writeJSON(filepath.Join(layer, layerMetaFile), layerMeta{DiffID: key, Size: e.Size}); err != nil {
 		return indexEntry{}, err
 	}
 	if err := moveOnce(filepath.Join(oldDir, v1RootfsDir), s.layerFS(key)); err != nil {
