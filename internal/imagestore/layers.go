@@ -32,7 +32,7 @@ const maxConcurrentLayers = 3
 var layerDirPattern = lazyRegexp(`^(sha256-[0-9a-f]{64}|v1-[a-z0-9]+-[0-9a-f]{32,128}-[0-9a-f]{16})$`)
 
 const (
-	layerFSDir   = "fs"
+	layerFSDir    = "fs"
 	layerMetaFile = "meta.json"
 	// v1KeyPrefix keys a layer migrated from a version-1 store; no diffID
 	// ("sha256:...") starts with it.
