@@ -70,7 +70,15 @@ type imageJSON struct {
 }
 
 func toImageJSON(img imagestore.Image) imageJSON {
-	return imageJSON{Name: img.Name, ID: img.ID, Size: img.Size, Imported: img.Imported, WorkingDir: img.WorkingDir, Rootfs: img.Rootfs}
+	return imageJSON{Name: img.Name, ID: img.ID, Size: img.Size, Imported: img.Pulled, WorkingDir: img.WorkingDir, Rootfs: singleLayer(img)}
+}
+
+// singleLayer is the layer of a one-layer image, "" for another.
+func singleLayer(img imagestore.Image) string {
+	if len(img.Layers) == 1 {
+		return img.Layers[0]
+	}
+	return ""
 }
 
 // imageErr maps a store error to the command's exit: 2 for what the user
@@ -192,7 +200,7 @@ func writeImageTable(w io.Writer, imgs []imagestore.Image, now time.Time) error 
 	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
 	_, _ = io.WriteString(tw, "NAME\tID\tSIZE\tIMPORTED\n")
 	for _, img := range imgs {
-		_, _ = io.WriteString(tw, img.Name+"\t"+shortImageID(img.ID)+"\t"+humanBytes(img.Size)+"\t"+relativeTime(img.Imported, now)+"\n")
+		_, _ = io.WriteString(tw, img.Name+"\t"+shortImageID(img.ID)+"\t"+humanBytes(img.Size)+"\t"+relativeTime(img.Pulled, now)+"\n")
 	}
 	return outputErr(tw.Flush())
 }
