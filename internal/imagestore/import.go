@@ -135,6 +135,9 @@ type addRequest struct {
 	// (sandbox.PullLayerExists) and of each it has unpacked
 	// (sandbox.PullLayerDone).
 	Events func(layer v1.Hash, status string)
+	// Platform is the platform the image must be for; zero is this
+	// machine's, linux/GOARCH. A pull sets the one asked for.
+	Platform v1.Platform
 }
 
 // addImage unpacks req's image in st and commits it under req.Name.
@@ -148,8 +151,12 @@ func (s *Store) addImage(ctx context.Context, st *stage, req addRequest) (Image,
 	if err != nil {
 		return Image{}, fmt.Errorf("%w: image %s: %w", ErrInvalidImage, req.Label, err)
 	}
-	if (cfg.OS != "" && cfg.OS != "linux") || (cfg.Architecture != "" && cfg.Architecture != runtime.GOARCH) {
-		return Image{}, fmt.Errorf("%w: image %s is for %s/%s; this machine runs linux/%s", ErrInvalidImage, req.Label, cfg.OS, cfg.Architecture, runtime.GOARCH)
+	want := req.Platform
+	if want.Architecture == "" {
+		want = v1.Platform{OS: "linux", Architecture: runtime.GOARCH}
+	}
+	if (cfg.OS != "" && cfg.OS != want.OS) || (cfg.Architecture != "" && cfg.Architecture != want.Architecture) {
+		return Image{}, fmt.Errorf("%w: image %s is for %s/%s, not %s/%s", ErrInvalidImage, req.Label, cfg.OS, cfg.Architecture, want.OS, want.Architecture)
 	}
 
 	rootfs := filepath.Join(st.dir, rootfsDir)
