@@ -197,7 +197,7 @@ func (o remoteOptions) options() []remote.Option {
 // resolve gets ref's descriptor from the first of its endpoints that has
 // it, and says which answered. Of a Docker Hub reference whose mirrors all
 // failed, the error is Docker Hub's, the mirrors' said beside it.
-func (o remoteOptions) resolve(ref name.Reference, reg *registry) (name.Reference, *remote.Descriptor, error) {
+func (o remoteOptions) resolve(ref name.Reference, reg *regConfig) (name.Reference, *remote.Descriptor, error) {
 	eps, err := reg.endpoints(ref)
 	if err != nil {
 		return nil, nil, err

@@ -34,9 +34,9 @@ var ErrUnauthorized = errors.New("registry refused access")
 // has no manifest for the platform asked; the error lists those it has.
 var ErrNoPlatform = errors.New("no image for the platform")
 
-// registry is how one pull reaches registries: RegistryOptions made into
+// regConfig is how one pull reaches registries: RegistryOptions made into
 // a transport.
-type registry struct {
+type regConfig struct {
 	opts     RegistryOptions
 	insecure []string // hosts reached over plain HTTP or unverified TLS
 	mirrors  []string // Docker Hub's mirrors, host[:port]
@@ -48,8 +48,8 @@ type registry struct {
 // newRegistry checks opts and builds what a pull needs of it. An http://
 // mirror is reached over plain HTTP: its scheme says so as explicitly as
 // --insecure-registry does (as dockerd takes it).
-func newRegistry(opts RegistryOptions) (*registry, error) {
-	r := &registry{opts: opts, insecure: slices.Clone(opts.Insecure)}
+func newRegistry(opts RegistryOptions) (*regConfig, error) {
+	r := &regConfig{opts: opts, insecure: slices.Clone(opts.Insecure)}
 	for _, m := range opts.Mirrors {
 		host, plain, err := parseMirror(m)
 		if err != nil {
@@ -80,7 +80,7 @@ func parseMirror(m string) (host string, plain bool, err error) {
 // isInsecure reports whether host ("host[:port]", as in a URL) is one the
 // operator allowed plain HTTP or unverified TLS for: listed as it is, or
 // its host name listed without a port.
-func (r *registry) isInsecure(host string) bool {
+func (r *regConfig) isInsecure(host string) bool {
 	hn := host
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		hn = h
@@ -91,7 +91,7 @@ func (r *registry) isInsecure(host string) bool {
 // endpoints returns the references to ask in order for ref: for a Docker
 // Hub reference each mirror, then Docker Hub itself (as dockerd does);
 // for another registry ref itself.
-func (r *registry) endpoints(ref name.Reference) ([]name.Reference, error) {
+func (r *regConfig) endpoints(ref name.Reference) ([]name.Reference, error) {
 	regs := []string{ref.Context().RegistryStr()}
 	if regs[0] == dockerHub {
 		regs = append(slices.Clone(r.mirrors), dockerHub)
@@ -122,7 +122,7 @@ func (r *registry) endpoints(ref name.Reference) ([]name.Reference, error) {
 // opts.Transport (or a clone of http.DefaultTransport), with unverified
 // TLS and plain HTTP for the insecure hosts only, each one watched for
 // stalls (see watch).
-func (r *registry) transport(w *watch) http.RoundTripper {
+func (r *regConfig) transport(w *watch) http.RoundTripper {
 	base := r.opts.Transport
 	if base == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
@@ -145,7 +145,7 @@ func (r *registry) transport(w *watch) http.RoundTripper {
 }
 
 // close releases the connections the pull's transports keep.
-func (r *registry) close() {
+func (r *regConfig) close() {
 	for _, t := range r.closers {
 		t.CloseIdleConnections()
 	}
@@ -157,7 +157,7 @@ func (r *registry) close() {
 // addresses), and turns an untrusted certificate into an error saying
 // what to do.
 type route struct {
-	r          *registry
+	r          *regConfig
 	secure     http.RoundTripper
 	skipVerify http.RoundTripper
 }
