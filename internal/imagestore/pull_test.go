@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -18,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,6 +30,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/tai42/sandbox"
 )
 
@@ -109,7 +113,8 @@ func testTransport(t *testing.T) (*http.Transport, *dials) {
 			d.mu.Lock()
 			d.refused = append(d.refused, addr)
 			d.mu.Unlock()
-			return nil, fmt.Errorf("test transport: refusing to dial %s", addr)
+			// As a real dial failure is: a *net.OpError.
+			return nil, &net.OpError{Op: "dial", Net: network, Err: fmt.Errorf("test transport: refusing to dial %s", addr)}
 		},
 		ForceAttemptHTTP2: false,
 	}
@@ -500,6 +505,20 @@ func TestPullHostileRegistry(t *testing.T) {
 			t.Errorf("error %q does not name the registry and the blob", pe)
 		}
 	})
+	t.Run("connection cut", func(t *testing.T) {
+		s := openStore(t)
+		r := newTestRegistry(t, false, blobFault(digest, func(w http.ResponseWriter, req *http.Request, next http.Handler) {
+			rec := httptest.NewRecorder()
+			next.ServeHTTP(rec, req)
+			w.Header().Set("Content-Length", fmt.Sprint(size))
+			_, _ = w.Write(rec.Body.Bytes()[:size/2])
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler) // the connection is closed mid-blob
+		}))
+		r.push(t, "cut:1", img)
+		opts, _ := pullOpts(t, r.host)
+		_ = pullErr(t, s, r.host+"/cut:1", opts, sandbox.PullUnreachable, nil)
+	})
 	t.Run("not found", func(t *testing.T) {
 		s := openStore(t)
 		r := newTestRegistry(t, false, nil)
@@ -835,6 +854,30 @@ func waitFor(t *testing.T, cond func() bool) {
 	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("timed out waiting")
+		}
+	}
+}
+
+// TestPullReasons classifies the failures the registry tests do not make.
+func TestPullReasons(t *testing.T) {
+	blobReq := &http.Request{Method: http.MethodGet, URL: &url.URL{Path: "/v2/r/blobs/sha256:00"}}
+	manReq := &http.Request{Method: http.MethodGet, URL: &url.URL{Path: "/v2/r/manifests/1"}}
+	for err, want := range map[error]sandbox.PullReason{
+		&fs.PathError{Op: "write", Path: "/x", Err: syscall.ENOSPC}:                                                                sandbox.PullStorage,
+		fmt.Errorf("%w: unpacking: %w", ErrInvalidImage, &fs.PathError{Op: "write", Err: syscall.EDQUOT}):                          sandbox.PullStorage,
+		&fs.PathError{Op: "rename", Path: "/x", Err: syscall.EIO}:                                                                  sandbox.PullStorage,
+		&transport.Error{StatusCode: 404, Request: manReq}:                                                                         sandbox.PullNotFound,
+		&transport.Error{StatusCode: 404, Errors: []transport.Diagnostic{{Code: transport.NameUnknownErrorCode}}, Request: manReq}: sandbox.PullNotFound,
+		&transport.Error{StatusCode: 404, Request: blobReq}:                                                                        sandbox.PullInvalidImage,
+		&transport.Error{StatusCode: 403, Errors: []transport.Diagnostic{{Code: transport.DeniedErrorCode}}, Request: manReq}:      sandbox.PullUnauthorized,
+		fmt.Errorf("%w: reading: %w", ErrInvalidImage, &transport.Error{StatusCode: 503, Request: blobReq}):                        sandbox.PullUnreachable,
+		fmt.Errorf("%w: reading: %w", ErrInvalidImage, &net.OpError{Op: "read", Err: syscall.ECONNRESET}):                          sandbox.PullUnreachable,
+		&net.DNSError{Err: "no such host", Name: "x.invalid", IsNotFound: true}:                                                    sandbox.PullUnreachable,
+		fmt.Errorf("%w: layer 1 does not match its digest", ErrInvalidImage):                                                       sandbox.PullInvalidImage,
+		errors.New("unsupported MediaType: application/vnd.docker.distribution.manifest.v1+prettyjws"):                             sandbox.PullInvalidImage,
+	} {
+		if got := pullError("r:1", err).Reason; got != want {
+			t.Errorf("%v: %s, want %s", err, got, want)
 		}
 	}
 }

@@ -40,8 +40,8 @@ func pullError(ref string, err error) *PullError {
 
 // reason says why a pull failed with err. The checks go from what the
 // pull itself found (a name, a platform, a refused credential, a stall)
-// to what the store found, then to the registry's answer and the
-// network's failure.
+// and a full disk, to the registry's answer and the network's failure,
+// then to what the store found.
 func reason(err error) sandbox.PullReason {
 	var te *transport.Error
 	switch {
@@ -55,12 +55,16 @@ func reason(err error) sandbox.PullReason {
 		return sandbox.PullUnreachable
 	case isDiskFull(err):
 		return sandbox.PullStorage
-	case errors.Is(err, ErrInvalidImage):
-		return sandbox.PullInvalidImage
+	// The store wraps any failure of reading a layer in ErrInvalidImage:
+	// the registry's answers and the network's failures inside it are
+	// told apart first (a layer's content failures match ErrInvalidImage
+	// only, see contentReader).
 	case errors.As(err, &te):
 		return registryReason(te)
 	case isNetwork(err):
 		return sandbox.PullUnreachable
+	case errors.Is(err, ErrInvalidImage):
+		return sandbox.PullInvalidImage
 	case isStorage(err):
 		return sandbox.PullStorage
 	}
@@ -119,8 +123,10 @@ func isNetwork(err error) bool {
 	var ne net.Error
 	var dns *net.DNSError
 	var op *net.OpError
-	return errors.As(err, &ne) || errors.As(err, &dns) || errors.As(err, &op) ||
+	// Not any net.Error: every syscall.Errno is one, a disk's EIO too.
+	return (errors.As(err, &ne) && ne.Timeout()) || errors.As(err, &dns) || errors.As(err, &op) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) ||
 		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, os.ErrDeadlineExceeded) ||
 		errors.Is(err, context.DeadlineExceeded) || isCertError(err) || errors.As(err, new(*routeError)) ||
 		errors.As(err, new(tls.RecordHeaderError)) || errors.As(err, new(tls.AlertError))
