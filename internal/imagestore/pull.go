@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -15,7 +14,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/tai42/sandbox"
 )
 
@@ -168,7 +166,7 @@ func (s *Store) pull(ctx context.Context, f *flight, ref name.Reference, label, 
 	defer st.abort()
 	stored, err := s.addImage(ctx, st, addRequest{
 		Name:     canon,
-		Image:    pulledImage{Image: img, registry: at.Context().RegistryStr()},
+		Image:    img,
 		Label:    label,
 		Digest:   desc.Digest.String(),
 		Events:   prog.event,
@@ -268,69 +266,6 @@ func platformOf(desc *remote.Descriptor, want v1.Platform) (v1.Image, error) {
 		return nil, fmt.Errorf("%w %s: the image is for %s only", ErrNoPlatform, platformString(want), platformString(normPlatform(have)))
 	}
 	return img, nil
-}
-
-// pulledImage is a pulled image whose layers' content failures say they
-// are the image's (ErrInvalidImage), not the network's.
-type pulledImage struct {
-	v1.Image
-	registry string
-}
-
-func (p pulledImage) Layers() ([]v1.Layer, error) {
-	ls, err := p.Image.Layers()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]v1.Layer, len(ls))
-	for i, l := range ls {
-		out[i] = pulledLayer{Layer: l, registry: p.registry}
-	}
-	return out, nil
-}
-
-func (p pulledImage) LayerByDigest(h v1.Hash) (v1.Layer, error) {
-	l, err := p.Image.LayerByDigest(h)
-	return pulledLayer{Layer: l, registry: p.registry}, err
-}
-
-func (p pulledImage) LayerByDiffID(h v1.Hash) (v1.Layer, error) {
-	l, err := p.Image.LayerByDiffID(h)
-	return pulledLayer{Layer: l, registry: p.registry}, err
-}
-
-type pulledLayer struct {
-	v1.Layer
-	registry string
-}
-
-func (l pulledLayer) Compressed() (io.ReadCloser, error) { return l.wrap(l.Layer.Compressed()) }
-
-func (l pulledLayer) Uncompressed() (io.ReadCloser, error) { return l.wrap(l.Layer.Uncompressed()) }
-
-func (l pulledLayer) wrap(rc io.ReadCloser, err error) (io.ReadCloser, error) {
-	if err != nil {
-		return nil, err
-	}
-	return &contentReader{ReadCloser: rc, l: l}, nil
-}
-
-// contentReader reads a layer, making a failure of what the registry
-// sent (a digest or size that does not match, a stream that does not
-// decompress) an error matching ErrInvalidImage naming the layer.
-type contentReader struct {
-	io.ReadCloser
-	l pulledLayer
-}
-
-func (r *contentReader) Read(p []byte) (int, error) {
-	n, err := r.ReadCloser.Read(p)
-	if err == nil || err == io.EOF || isNetwork(err) || errors.Is(err, ErrStalled) ||
-		errors.Is(err, context.Canceled) || errors.As(err, new(*transport.Error)) || isStorage(err) {
-		return n, err
-	}
-	d, _ := r.l.Digest()
-	return n, fmt.Errorf("%w: layer %s from registry %s: %w", ErrInvalidImage, d, r.l.registry, err)
 }
 
 // progress turns a pull's bytes and the store's layer events into

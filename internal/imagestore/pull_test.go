@@ -881,3 +881,25 @@ func TestPullReasons(t *testing.T) {
 		}
 	}
 }
+
+// TestProgressThrottled feeds a layer's bytes in small reads: fetching
+// events every fetchingStep bytes (the reads are quicker than
+// fetchingEvery), and at the end.
+func TestProgressThrottled(t *testing.T) {
+	var evs []sandbox.PullProgress
+	p := &progress{emit: func(ev sandbox.PullProgress) { evs = append(evs, ev) }}
+	const total = 1 << 20
+	p.layers = map[string]*layerProgress{"sha256:l": {total: total, shownAt: time.Now()}}
+	p.order = []string{"sha256:l"}
+	for range total / 1024 {
+		p.fetched("sha256:l", 1024)
+	}
+	p.fetched("sha256:config", 100)
+	if n := len(evs); n < total/fetchingStep || n > total/fetchingStep+2 || evs[n-1].Done != total {
+		t.Errorf("%d events for %d bytes in 1 KiB reads: %+v", n, total, evs)
+	}
+	st := p.finish()
+	if st.Bytes != total || st.Fetched != 1 || evs[len(evs)-1].Status != sandbox.PullLayerDone {
+		t.Errorf("stats %+v, last event %+v", st, evs[len(evs)-1])
+	}
+}
