@@ -896,7 +896,7 @@ func TestProgressThrottled(t *testing.T) {
 	}
 	p.fetched("sha256:config", 100)
 	if n := len(evs); n < total/fetchingStep || n > total/fetchingStep+2 || evs[n-1].Done != total {
-		t.Errorf("%d events for %d bytes in 1 KiB reads: %+v", n, total, evs)
+		t.Errorf("%d events for %d bytes in 1 KiB reads (last %+v), want %d", n, total, evs[n-1], total/fetchingStep)
 	}
 	st := p.finish()
 	if st.Bytes != total || st.Fetched != 1 || evs[len(evs)-1].Status != sandbox.PullLayerDone {
