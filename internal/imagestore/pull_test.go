@@ -903,3 +903,64 @@ func TestProgressThrottled(t *testing.T) {
 		t.Errorf("stats %+v, last event %+v", st, evs[len(evs)-1])
 	}
 }
+
+// TestPullSharedSpellings runs two spellings of one Docker Hub name at
+// once (through a mirror): one pull, each caller's events and error
+// naming its own spelling.
+func TestPullSharedSpellings(t *testing.T) {
+	s := openStore(t)
+	img := mkImage(t, nil, bigLayer(t, "big", 1<<20))
+	digest, _ := layerDigest(t, img, 0)
+	gate := make(chan struct{})
+	var open sync.Once
+	release := func() { open.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	mirror := newTestRegistry(t, false, blobFault(digest, func(w http.ResponseWriter, _ *http.Request, _ http.Handler) {
+		<-gate
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, `{"errors":[{"code":"BLOB_UNKNOWN","message":"blob unknown to registry"}]}`)
+	}))
+	mirror.push(t, "library/busybox:latest", img)
+	dockerConfig(t, map[string]any{})
+	opts, d := pullOpts(t)
+	opts.Registry.Mirrors = []string{"http://" + mirror.host}
+	key := flightKey{store: s.dir, name: "busybox:latest", platform: platformString(normPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}))}
+
+	spellings := []string{"busybox", "docker.io/library/busybox:latest"}
+	errs := make([]error, len(spellings))
+	evs := make([]*events, len(spellings))
+	var wg sync.WaitGroup
+	for i, ref := range spellings {
+		evs[i] = &events{t: t}
+		o := PullOptions{Registry: opts.Registry, Progress: evs[i].fn}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _, errs[i] = s.Pull(context.Background(), ref, o)
+		}()
+	}
+	waitFor(t, func() bool {
+		flights.mu.Lock()
+		defer flights.mu.Unlock()
+		f := flights.m[key]
+		return f != nil && f.waiters == len(spellings)
+	})
+	release()
+	wg.Wait()
+	for i, ref := range spellings {
+		var pe *PullError
+		if !errors.As(errs[i], &pe) || pe.Ref != ref || pe.Reason != sandbox.PullInvalidImage || !strings.HasPrefix(pe.Error(), "pulling "+ref+": ") {
+			t.Errorf("%s: %v", ref, errs[i])
+		}
+		for _, ev := range evs[i].all() {
+			if ev.Ref != ref {
+				t.Errorf("%s: event %+v", ref, ev)
+			}
+		}
+	}
+	if list := d.list(); len(list) != 0 {
+		t.Errorf("dialed %v", list)
+	}
+	assertClean(t, s)
+}
