@@ -103,6 +103,9 @@ type addRequest struct {
 	// the manifest has them), else by its diffID (an import, whose
 	// tarball layers would have to be compressed to get one).
 	Events func(layer v1.Hash, status string)
+	// Platform is the platform the image must be for; zero is this
+	// machine's, linux/GOARCH. A pull sets the one asked for.
+	Platform v1.Platform
 }
 
 // addImage adds req's image to the store through the stage st: it lists
@@ -121,8 +124,12 @@ func (s *Store) addImage(ctx context.Context, st *stage, req addRequest) (Image,
 	if err != nil {
 		return Image{}, fmt.Errorf("%w: image %s: %w", ErrInvalidImage, req.Label, err)
 	}
-	if (cfg.OS != "" && cfg.OS != "linux") || (cfg.Architecture != "" && cfg.Architecture != runtime.GOARCH) {
-		return Image{}, fmt.Errorf("%w: image %s is for %s/%s; this machine runs linux/%s", ErrInvalidImage, req.Label, cfg.OS, cfg.Architecture, runtime.GOARCH)
+	want := req.Platform
+	if want.Architecture == "" {
+		want = v1.Platform{OS: "linux", Architecture: runtime.GOARCH}
+	}
+	if (cfg.OS != "" && cfg.OS != want.OS) || (cfg.Architecture != "" && cfg.Architecture != want.Architecture) {
+		return Image{}, fmt.Errorf("%w: image %s is for %s/%s, not %s/%s", ErrInvalidImage, req.Label, cfg.OS, cfg.Architecture, want.OS, want.Architecture)
 	}
 	layers, err := img.Layers()
 	if err != nil {

@@ -524,16 +524,24 @@ func TestOpenSweeps(t *testing.T) {
 	assertClean(t, s)
 }
 
+// testDigest is a well-formed digest.
+var testDigest = "sha256:" + strings.Repeat("a", 64)
+
 func TestValidName(t *testing.T) {
 	for in, want := range map[string]string{
-		"busybox":                           "busybox:latest",
-		"busybox:1.35":                      "busybox:1.35",
-		"ghcr.io/x/y:tag":                   "ghcr.io/x/y:tag",
-		"localhost:5000/team/tool":          "localhost:5000/team/tool:latest",
-		"docker.io/library/busybox:1":       "busybox:1",
-		"docker.io/me/tool":                 "me/tool:latest",
-		"registry.example.com/a/b/c:v1.2-3": "registry.example.com/a/b/c:v1.2-3",
-		"a__b/c-d.e:TAG_1":                  "a__b/c-d.e:TAG_1",
+		"busybox":                                  "busybox:latest",
+		"busybox:1.35":                             "busybox:1.35",
+		"ghcr.io/x/y:tag":                          "ghcr.io/x/y:tag",
+		"localhost:5000/team/tool":                 "localhost:5000/team/tool:latest",
+		"docker.io/library/busybox:1":              "busybox:1",
+		"docker.io/me/tool":                        "me/tool:latest",
+		"registry.example.com/a/b/c:v1.2-3":        "registry.example.com/a/b/c:v1.2-3",
+		"a__b/c-d.e:TAG_1":                         "a__b/c-d.e:TAG_1",
+		"library/a/b":                              "library/a/b:latest",
+		"localhost:5000/r@" + testDigest:           "localhost:5000/r@" + testDigest,
+		"docker.io/library/busybox@" + testDigest:  "busybox@" + testDigest,
+		"busybox:1.36@" + testDigest:               "busybox@" + testDigest,
+		"index.docker.io/me/tool:v1@" + testDigest: "me/tool@" + testDigest,
 	} {
 		got, err := CanonicalName(in)
 		if err != nil || got != want {
@@ -545,7 +553,8 @@ func TestValidName(t *testing.T) {
 	}
 	for _, bad := range []string{
 		"", "host", "host:latest", "host:1", "docker.io/library/host", "Busybox", "bus box", "a:b:c",
-		"busybox@sha256:" + strings.Repeat("a", 64), "busybox:", ":tag", "a//b", "/abs", "a/", "-a",
+		"busybox@sha256:" + strings.Repeat("a", 63), "busybox@md5:" + strings.Repeat("a", 32), "busybox@", "a@b@" + testDigest,
+		"host@" + testDigest, "Busybox@" + testDigest, "busybox:", ":tag", "a//b", "/abs", "a/", "-a",
 		"busybox:-x", "a:b/c", strings.Repeat("a", 300),
 	} {
 		if err := ValidName(bad); !errors.Is(err, ErrInvalidName) {
