@@ -41,6 +41,9 @@ type providerConfig struct {
 	// disk is the container provider's disk cap; the zero value is its
 	// defaults (the cap on).
 	disk diskConfig
+	// images are the container provider's pull policy, registries and
+	// image size bound; the zero value is its defaults.
+	images imageConfig
 	// logger receives the provider's lifecycle events; nil discards them.
 	logger *slog.Logger
 	// durable makes the provider keep its sessions in a durable ledger,
@@ -103,6 +106,9 @@ var embeddedProviders = []embeddedProvider{
 				DiskInodes:         int(c.disk.inodes),
 				DiskReserveMB:      c.disk.reserve(),
 				DiskPool:           c.disk.pool(c.durable),
+				Pull:               c.images.pull,
+				Registry:           c.images.registry,
+				MaxImageSize:       c.images.maxSize,
 			}, err
 		})
 	}},

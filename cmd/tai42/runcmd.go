@@ -58,6 +58,17 @@ unknown user among them); 128+N when tai42 got signal N (130 for SIGINT,
 			if err != nil {
 				return &exitError{code: exitUsage, err: err}
 			}
+			if rem == nil {
+				// Before resolving, which marks what it sets as changed.
+				for _, s := range imageSettings {
+					if cmd.Flags().Changed(s.flag) {
+						p.imageFlags = append(p.imageFlags, "--"+s.flag)
+					}
+				}
+				if p.images, err = resolveImageSettings(cmd.Flags(), &f.images, c.lookupEnv); err != nil {
+					return &exitError{code: exitUsage, err: err}
+				}
+			}
 			if code := c.runPlan(p, rem); code != exitOK {
 				return &exitError{code: code}
 			}
@@ -82,6 +93,7 @@ unknown user among them); 128+N when tai42 got signal N (130 for SIGINT,
 	fl.StringVar(&f.policyEgress, "policy-egress", string(defaultPolicy.Egress), "policy: the loosest network a session may have (none, internal, egress; embedded only)")
 	fl.StringVar(&f.policyIsolation, "policy-isolation", string(defaultPolicy.Isolation), "policy: the weakest isolation a session may have (none, container, vm; embedded only)")
 	fl.BoolVar(&f.policyDurable, "policy-durable", defaultPolicy.Durable, "policy: allow persistent sessions (--policy-durable=false forbids them; embedded only)")
+	addImageFlags(fl, &f.images)
 	addRemoteFlags(fl, &rf)
 	return cmd
 }
@@ -102,7 +114,8 @@ func addSessionFlags(fl *pflag.FlagSet, f *runFlags) {
 
 // embeddedOnlyFlags are the flags of "tai42 run" that shape the embedded
 // provider, not a session: a daemon has its own.
-var embeddedOnlyFlags = []string{"policy-egress", "policy-isolation", "policy-durable", "provider", "state-dir"}
+var embeddedOnlyFlags = []string{"policy-egress", "policy-isolation", "policy-durable", "provider", "state-dir",
+	"pull", "registry-mirror", "insecure-registry", "max-image-size"}
 
 // runRemote returns the daemon "tai42 run" uses, or nil for the embedded
 // provider. Given a daemon, a flag of embeddedOnlyFlags is a usage error:
@@ -114,7 +127,7 @@ func (c *cli) runRemote(fl *pflag.FlagSet, rf remoteFlags) (*remote, error) {
 	}
 	for _, name := range embeddedOnlyFlags {
 		if fl.Changed(name) {
-			return nil, fmt.Errorf("--%s does not apply to a daemon (%s names one): the policy, the provider and the state directory are the daemon's, set by `tai42 serve`; to run on the embedded provider, leave --url out and set %s empty", name, r.urlFrom, urlEnv)
+			return nil, fmt.Errorf("--%s does not apply to a daemon (%s names one): the policy, the provider, the state directory and how images are pulled are the daemon's, set by `tai42 serve`; to run on the embedded provider, leave --url out and set %s empty", name, r.urlFrom, urlEnv)
 		}
 	}
 	return &r, nil

@@ -162,6 +162,7 @@ func (c *cli) serve(cfg serveConfig) error {
 		netPrefix:      cfg.netPrefix,
 		egress:         cfg.egress,
 		disk:           cfg.disk,
+		images:         cfg.images,
 		logger:         log,
 		durable:        true,
 	})
@@ -189,6 +190,9 @@ func (c *cli) serve(cfg serveConfig) error {
 		// fences here, and plain egress use is not refused.
 		log.Warn("the host runner does not fence egress: isolation none shares the host's network, so a session with network egress reaches what the host reaches, private networks and a cloud's metadata service included; serve --provider container for fenced egress")
 		log.Warn("the host runner does not cap a session's disk: a session may fill the state directory's filesystem; serve --provider container for a cap")
+		if len(cfg.images.given) > 0 {
+			log.Warn("the host runner pulls no images (its one image is \"host\"): the image settings have no effect", "settings", strings.Join(cfg.images.given, ", "))
+		}
 	}
 	if len(token) < minTokenLen {
 		log.Warn("the token is short: anyone who can reach the daemon may guess it; use 32 random bytes (the generated token) or more", "length", len(token))
