@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/vbauerster/mpb/v8"
@@ -150,27 +149,26 @@ func (p *linePull) finish(info sandbox.ImageInfo, err error) error {
 }
 
 // barPull draws a bar per layer on a terminal (mpb redraws them in place):
-// bytes fetched of its size and the speed, "held" for a layer the store
-// had, "done" once unpacked.
+// bytes fetched of its size and the speed, then "done" once unpacked;
+// "already held" for a layer the store had.
 type barPull struct {
 	out   io.Writer
 	w     io.Writer
 	p     *mpb.Progress
-	mu    sync.Mutex // bars is read by the decorators' goroutine too
 	bars  map[string]*layerBar
 	tally pullTally
 }
 
-// layerBar is one layer's bar and when it last moved (for the speed).
+// layerBar is one layer's bar and when its last fetching event came (for
+// the speed).
 type layerBar struct {
-	bar   *mpb.Bar
-	last  time.Time
-	state string // "", "held" or "done": what the bar says once complete
+	bar  *mpb.Bar
+	last time.Time
 }
 
 // newBarPull draws on w; opts are for tests (a buffer is no terminal).
 func newBarPull(out, w io.Writer, opts ...mpb.ContainerOption) *barPull {
-	opts = append([]mpb.ContainerOption{mpb.WithOutput(w), mpb.WithWidth(40), mpb.WithRefreshRate(150 * time.Millisecond)}, opts...)
+	opts = append([]mpb.ContainerOption{mpb.WithOutput(w), mpb.WithRefreshRate(150 * time.Millisecond)}, opts...)
 	return &barPull{out: out, w: w, p: mpb.New(opts...), bars: map[string]*layerBar{}}
 }
 
@@ -180,51 +178,49 @@ func (p *barPull) event(ev sandbox.PullProgress) {
 	case sandbox.PullResolved:
 		fmt.Fprintf(p.p, "%s: resolved to %s\n", ev.Ref, ev.Digest)
 	case sandbox.PullLayerExists:
-		lb := p.layer(ev)
-		p.setState(lb, "held")
-		lb.bar.SetTotal(-1, true)
+		p.layer(ev).bar.SetTotal(-1, true)
 	case sandbox.PullLayerFetching:
 		lb := p.layer(ev)
 		if ev.Total > 0 {
 			lb.bar.SetTotal(ev.Total, false)
 		}
+		// The speed is of the bytes between two events: the first has
+		// no interval before it.
 		now := time.Now()
-		lb.bar.EwmaSetCurrent(ev.Done, now.Sub(lb.last))
+		if lb.last.IsZero() {
+			lb.bar.SetCurrent(ev.Done)
+		} else {
+			lb.bar.EwmaSetCurrent(ev.Done, now.Sub(lb.last))
+		}
 		lb.last = now
 	case sandbox.PullLayerDone:
 		lb := p.layer(ev)
 		if n := max(ev.Done, ev.Total); n > 0 {
 			lb.bar.SetCurrent(n)
 		}
-		p.setState(lb, "done")
 		lb.bar.SetTotal(-1, true)
 	}
 }
 
-func (p *barPull) setState(lb *layerBar, s string) {
-	p.mu.Lock()
-	lb.state = s
-	p.mu.Unlock()
-}
-
-// layer is ev's layer's bar, added at its first event.
+// layer is ev's layer's bar, added at its first event: a layer held
+// already says so and has no counters.
 func (p *barPull) layer(ev sandbox.PullProgress) *layerBar {
 	if lb, ok := p.bars[ev.Layer]; ok {
 		return lb
 	}
-	lb := &layerBar{last: time.Now()}
-	state := decor.Any(func(decor.Statistics) string {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return lb.state
-	}, decor.WCSyncSpaceR)
-	lb.bar = p.p.AddBar(ev.Total,
-		mpb.PrependDecorators(decor.Name(shortLayer(ev.Layer), decor.WCSyncSpaceR)),
-		mpb.AppendDecorators(
+	name := mpb.PrependDecorators(decor.Name(shortLayer(ev.Layer), decor.WCSyncSpaceR))
+	lb := &layerBar{}
+	if ev.Status == sandbox.PullLayerExists {
+		lb.bar = p.p.New(0, mpb.NopStyle(), name, mpb.AppendDecorators(decor.Name("already held")))
+	} else {
+		// Total 0 at construction: the bar completes when the layer is
+		// done (unpacked), not once its bytes are all fetched.
+		lb.bar = p.p.AddBar(0, name, mpb.AppendDecorators(
 			decor.Counters(decor.SizeB1024(0), "% .1f / % .1f", decor.WCSyncSpace),
 			decor.OnCompleteOrOnAbort(decor.EwmaSpeed(decor.SizeB1024(0), "% .1f", 30, decor.WCSyncSpace), ""),
-			state,
+			decor.OnComplete(decor.Name(""), "done"),
 		))
+	}
 	p.bars[ev.Layer] = lb
 	return lb
 }
