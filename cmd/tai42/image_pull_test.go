@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"io"
 	"log"
@@ -20,6 +21,9 @@ import (
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/imagestore"
 	"github.com/tai42/sandbox/internal/imagestore/imagestoretest"
+	"github.com/tai42/sandbox/kit"
+	"github.com/tai42/sandbox/provider/host"
+	"github.com/tai42/sandbox/server"
 )
 
 // testRegistry is go-containerregistry's in-process registry on
@@ -281,5 +285,114 @@ func TestImagePullErrors(t *testing.T) {
 		if strings.Contains(r.stderr, "hunter2") {
 			t.Errorf("image pull %q shows a credential: %q", c.args, r.stderr)
 		}
+	}
+}
+
+// imageSandbox is a daemon's sandbox that manages images: the host
+// provider's sessions, the images of a local store.
+type imageSandbox struct {
+	*kit.Sandbox
+	images storeImages
+}
+
+// The image calls are imageSandbox's own, whatever kit.Sandbox has.
+func (s imageSandbox) PullImage(ctx context.Context, ref string, o sandbox.PullOptions) (sandbox.ImageInfo, error) {
+	return s.images.PullImage(ctx, ref, o)
+}
+func (s imageSandbox) ListImages(ctx context.Context) ([]sandbox.ImageInfo, error) {
+	return s.images.ListImages(ctx)
+}
+func (s imageSandbox) RemoveImage(ctx context.Context, name string) error {
+	return s.images.RemoveImage(ctx, name)
+}
+func (s imageSandbox) PruneImages(ctx context.Context) (sandbox.PruneResult, error) {
+	return s.images.PruneImages(ctx)
+}
+
+// startImageDaemon is startDaemon whose sandbox manages the images of the
+// store in its state directory, pulling with reg.
+func startImageDaemon(t *testing.T, reg imagestore.RegistryOptions) *daemon {
+	t.Helper()
+	dir := t.TempDir()
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: defaultPolicy, ReapInterval: -1}, ProviderOptions: kit.ProviderOptions{StateDir: dir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := imagestore.Open(filepath.Join(dir, imagestore.DirName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(imageSandbox{sb, storeImages{s: s, registry: reg}}, server.Options{Token: testToken, Provider: host.Name, Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv)
+	t.Cleanup(func() {
+		ts.Close()
+		if err := sb.Close(context.Background()); err != nil {
+			t.Errorf("closing the sandbox: %v", err)
+		}
+	})
+	return &daemon{url: ts.URL, stateDir: dir, env: map[string]string{urlEnv: ts.URL, tokenEnv: testToken}}
+}
+
+// TestImageRemote: with a daemon named, "tai42 image" pulls, lists,
+// removes and prunes the daemon's images, with the daemon's registry
+// settings; the local store's flags are refused.
+func TestImageRemote(t *testing.T) {
+	reg := startRegistry(t)
+	ref := reg.push(t, "tools/box:1", busyboxPlus(t, 1))
+	d := startImageDaemon(t, imagestore.RegistryOptions{Insecure: []string{reg.host}})
+	local := t.TempDir()
+	d.env[stateDirEnv] = local
+
+	for _, args := range [][]string{
+		{"image", "pull", "--state-dir", local, ref},
+		{"image", "pull", "--insecure-registry", reg.host, ref},
+		{"image", "ls", "--state-dir", local},
+	} {
+		r := d.cli(t, nil, args...)
+		r.want(t, exitUsage)
+		if !strings.Contains(r.stderr, "does not apply to a daemon") {
+			t.Errorf("%q on a daemon: %q", args, r.stderr)
+		}
+	}
+
+	r := d.cli(t, nil, "image", "pull", "--json", ref)
+	r.want(t, exitOK)
+	evs, info := pullJSON(t, r.stdout)
+	if info.Name != ref || info.Layers != 2 || len(evs) == 0 || evs[len(evs)-1].Status != sandbox.PullComplete {
+		t.Errorf("pull --json through the daemon: %+v %+v", evs, info)
+	}
+	imgs := imageLs(t, d.env)
+	if len(imgs) != 1 || imgs[0].Name != ref || imgs[0].ID != info.ID {
+		t.Errorf("ls on the daemon: %+v", imgs)
+	}
+	// The daemon's store, not the local one.
+	if imgs := imageLs(t, map[string]string{stateDirEnv: local}); len(imgs) != 0 {
+		t.Errorf("the daemon's pull reached the local store: %+v", imgs)
+	}
+	r = d.cli(t, nil, "image", "rm", ref, reg.host+"/tools/none:1")
+	r.want(t, exitFailure)
+	if !strings.Contains(r.stderr, "tools/none:1") {
+		t.Errorf("rm of a missing image on the daemon: %q", r.stderr)
+	}
+	if imgs := imageLs(t, d.env); len(imgs) != 0 {
+		t.Errorf("after rm on the daemon: %+v", imgs)
+	}
+	r = d.cli(t, nil, "image", "prune", "--json")
+	r.want(t, exitOK)
+	var pr sandbox.PruneResult
+	if err := json.Unmarshal([]byte(r.stdout), &pr); err != nil {
+		t.Errorf("prune --json on the daemon: %q %v", r.stdout, err)
+	}
+	r = d.cli(t, nil, "image", "pull", "Bad Ref")
+	r.want(t, exitUsage)
+
+	// A daemon without images (the host runner alone).
+	plain := startDaemon(t)
+	r = plain.cli(t, nil, "image", "ls")
+	if r.code == exitOK || !strings.Contains(r.stderr, "image") {
+		t.Errorf("image ls on a daemon without images: exit %d, %q", r.code, r.stderr)
 	}
 }

@@ -92,26 +92,31 @@ var embeddedProviders = []embeddedProvider{
 	{name: container.Name, register: func(reg *sandbox.Registry, c providerConfig) error {
 		return container.Register(reg, func() (container.Options, error) {
 			l, err := c.openLedger(container.Name)
-			return container.Options{
-				Options:            c.kitOptions(l),
-				ProviderOptions:    c.providerOptions(),
-				Runtime:            c.runtime,
-				NetPrefix:          c.netPrefix,
-				EgressAllow:        c.egress.allow,
-				EgressDeny:         c.egress.deny,
-				EgressAllowDomains: c.egress.domains,
-				EgressDNS:          c.egress.dns,
-				DiskOff:            c.disk.off(),
-				DiskMB:             c.disk.mb,
-				DiskInodes:         int(c.disk.inodes),
-				DiskReserveMB:      c.disk.reserve(),
-				DiskPool:           c.disk.pool(c.durable),
-				Pull:               c.images.pull,
-				Registry:           c.images.registry,
-				MaxImageSize:       c.images.maxSize,
-			}, err
+			return c.containerOptions(l), err
 		})
 	}},
+}
+
+// containerOptions are the container provider's options, on ledger l.
+func (c providerConfig) containerOptions(l kit.Ledger) container.Options {
+	return container.Options{
+		Options:            c.kitOptions(l),
+		ProviderOptions:    c.providerOptions(),
+		Runtime:            c.runtime,
+		NetPrefix:          c.netPrefix,
+		EgressAllow:        c.egress.allow,
+		EgressDeny:         c.egress.deny,
+		EgressAllowDomains: c.egress.domains,
+		EgressDNS:          c.egress.dns,
+		DiskOff:            c.disk.off(),
+		DiskMB:             c.disk.mb,
+		DiskInodes:         int(c.disk.inodes),
+		DiskReserveMB:      c.disk.reserve(),
+		DiskPool:           c.disk.pool(c.durable),
+		Pull:               c.images.pull,
+		Registry:           c.images.registry,
+		MaxImageSize:       c.images.maxSize,
+	}
 }
 
 // kitOptions are the kit's options of every embedded provider, on ledger

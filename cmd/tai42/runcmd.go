@@ -33,6 +33,14 @@ policy, provider and state directory are then the daemon's, and the
 With --user, CMD runs as that user of the session, as "tai42 exec --user"
 runs it.
 
+On the container provider, an --image the store lacks is pulled from its
+registry first (--pull missing, the default; see "tai42 image pull"); a
+failed pull is a rejected spec naming the reference and what the registry
+said. --pull, --registry-mirror, --insecure-registry and --max-image-size
+are also $TAI42_PULL, $TAI42_REGISTRY_MIRROR, $TAI42_INSECURE_REGISTRY and
+$TAI42_MAX_IMAGE_SIZE, and keys of the config file $TAI42_CONFIG names, as
+for "tai42 serve"; the host provider pulls nothing (they have no effect).
+
 Exit codes: CMD's own; 124 when CMD exceeded --timeout (the partial output's
 lengths are printed); 2 for a usage error (a malformed --user among them),
 a rejected spec or an unknown provider; 1 for another sandbox error (an
@@ -45,6 +53,9 @@ unknown user among them); 128+N when tai42 got signal N (130 for SIGINT,
   tai42 run --persistent myproj --ttl 1h --timeout 30m -- make
   tai42 run --network egress -- curl -sI https://example.com
   tai42 run --user nobody -- id -un                # as the session's nobody
+  tai42 run --provider container --image python:3.12-slim -- python3 -V
+  tai42 run --provider container --insecure-registry localhost:5000 \
+    --image localhost:5000/python:3.12-slim -- python3 -V
   tai42 run --policy-egress none --network egress -- true   # rejected, exit 2
   TAI42_URL=http://127.0.0.1:4242 tai42 run -- uname -a    # on a daemon`,
 		Args: cobra.ArbitraryArgs,

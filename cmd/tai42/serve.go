@@ -65,6 +65,22 @@ the file are relative to its directory. Unknown keys are an error.
   --max-body-bytes           TAI42_MAX_BODY_BYTES           [limits] max_body_bytes
   --max-output-bytes         TAI42_MAX_OUTPUT_BYTES         [limits] max_output_bytes
   --shutdown-grace           TAI42_SHUTDOWN_GRACE           [limits] shutdown_grace
+  --pull                     TAI42_PULL                     [images] pull
+  --max-image-size           TAI42_MAX_IMAGE_SIZE           [images] max_size
+  --registry-mirror          TAI42_REGISTRY_MIRROR          [registry] mirrors
+  --insecure-registry        TAI42_INSECURE_REGISTRY        [registry] insecure
+
+Images: a create whose image the container provider's store lacks pulls
+it first (--pull missing, the default; always pulls on every create, never
+rejects it), concurrent creates of one image sharing one pull; a failed
+pull rejects the spec, naming the reference and the registry's answer.
+Registries are reached over verified HTTPS with the docker config's
+credentials ($DOCKER_CONFIG, ~/.docker/config.json); --insecure-registry
+allows plain HTTP or unverified TLS for one registry, --registry-mirror is
+tried first for Docker Hub's images. The host provider pulls nothing: the
+image settings then have no effect (a warning says so). List values
+(mirrors, insecure registries, the egress lists) are comma-separated in a
+variable.
 
 Durations are Go durations ("90s", "5m"). An example config file with every
 key is cmd/tai42/example/tai42.toml in the source tree.
