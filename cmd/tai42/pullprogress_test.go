@@ -145,3 +145,33 @@ func TestPullRendererJSONAndQuiet(t *testing.T) {
 		t.Errorf("failed pulls printed %q %q", out.String(), errb.String())
 	}
 }
+
+// TestInsecureHint: a pull refused for TLS names the flag to add, unless
+// the registry is insecure already or the error says so; a daemon's names
+// the daemon's flag.
+func TestInsecureHint(t *testing.T) {
+	const ref = "127.0.0.1:5000/tools/box:1"
+	plain := &sandbox.ImagePullError{Ref: ref, Reason: sandbox.PullUnreachable, Message: `Get "https://127.0.0.1:5000/v2/": http: server gave HTTP response to HTTPS client`}
+	selfSigned := &sandbox.ImagePullError{Ref: ref, Reason: sandbox.PullUnreachable, Message: "tls: failed to verify certificate: x509: certificate signed by unknown authority"}
+	notFound := &sandbox.ImagePullError{Ref: ref, Reason: sandbox.PullNotFound, Message: "MANIFEST_UNKNOWN"}
+	said := &sandbox.ImagePullError{Ref: ref, Reason: sandbox.PullUnreachable, Message: "plain HTTP: add 127.0.0.1:5000 to the insecure registries"}
+	c := &cli{}
+	for _, err := range []error{plain, selfSigned} {
+		got := c.insecureHint(err, ref, nil)
+		if !errors.Is(got, sandbox.ErrImagePull) || !strings.Contains(got.Error(), "add --insecure-registry 127.0.0.1:5000") {
+			t.Errorf("hint of %v: %v", err, got)
+		}
+		if got := c.insecureHint(err, ref, []string{"127.0.0.1:5000"}); got != error(err) {
+			t.Errorf("a hint for a registry insecure already: %v", got)
+		}
+	}
+	for _, err := range []error{notFound, said} {
+		if got := c.insecureHint(err, ref, nil); got != error(err) {
+			t.Errorf("a hint for %v: %v", err, got)
+		}
+	}
+	c.remote = &remote{url: "http://127.0.0.1:4242"}
+	if got := c.insecureHint(plain, ref, nil); !strings.Contains(got.Error(), "start the daemon with --insecure-registry 127.0.0.1:5000") {
+		t.Errorf("a daemon's hint: %v", got)
+	}
+}
