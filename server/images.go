@@ -149,7 +149,12 @@ func (s *Server) removeImage(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := im.RemoveImage(r.Context(), r.PathValue("name")); err != nil {
+	name := r.PathValue("name")
+	if name == "" {
+		s.writeError(w, r, sandbox.Errorf("remove_image", "an image name is required: DELETE /v1/images/NAME, NAME as GET /v1/images lists it"))
+		return
+	}
+	if err := im.RemoveImage(r.Context(), name); err != nil {
 		s.writeError(w, r, s.callError(r, err))
 		return
 	}
