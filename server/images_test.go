@@ -253,7 +253,9 @@ func TestImageRoutes(t *testing.T) {
 	if strings.TrimSpace(string(b)) != `{"images":[]}` {
 		t.Errorf("an empty list: %s", b)
 	}
-	f.set(func(f *fakeImages) { f.list = []sandbox.ImageInfo{pyImage, {Name: "x:1", ID: "sha256:e", Platform: "linux/amd64", Pulled: pulledAt}} })
+	f.set(func(f *fakeImages) {
+		f.list = []sandbox.ImageInfo{pyImage, {Name: "x:1", ID: "sha256:e", Platform: "linux/amd64", Pulled: pulledAt}}
+	})
 	var list api.ImageList
 	e.call("GET", "/v1/images", nil, http.StatusOK, &list)
 	if len(list.Images) != 2 || list.Images[0] != pyImage || list.Images[1].Name != "x:1" {
@@ -283,7 +285,9 @@ func TestImageRoutes(t *testing.T) {
 	if er.Image != "ghcr.io/o/gone:1" || er.Op != "remove_image" || !reflect.DeepEqual(er.Err(), f.rmErr) {
 		t.Errorf("image_not_found: %+v", er)
 	}
-	f.set(func(f *fakeImages) { f.rmErr = sandbox.Errorf("remove_image", "image %q is used by live session sb-7", "x:1") })
+	f.set(func(f *fakeImages) {
+		f.rmErr = sandbox.Errorf("remove_image", "image %q is used by live session sb-7", "x:1")
+	})
 	if er := e.callErr("DELETE", "/v1/images/x:1", nil, http.StatusBadRequest, api.KindSandbox); !strings.Contains(er.Message, "sb-7") {
 		t.Errorf("an image in use: %+v", er)
 	}
