@@ -149,7 +149,9 @@ func TestImagesRoundTrip(t *testing.T) {
 			t.Errorf("a pull failing after %d events = %#v (%d events); want %#v", n, err, len(got), want)
 		}
 	}
-	f.set(func(f *imageSandbox) { f.events, f.pullErr = nil, sandbox.Errorf("pull_image", "provider host keeps no images") })
+	f.set(func(f *imageSandbox) {
+		f.events, f.pullErr = nil, sandbox.Errorf("pull_image", "provider host keeps no images")
+	})
 	if _, err := im.PullImage(ctx, "a", sandbox.PullOptions{}); err == nil || !strings.Contains(err.Error(), "keeps no images") {
 		t.Errorf("a sandbox error: %v", err)
 	}
