@@ -35,12 +35,13 @@ type imageSandbox struct {
 	rmErr     error
 	pruned    sandbox.PruneResult
 	removed   []string
+	ref       string
 	platform  string
 }
 
 func (f *imageSandbox) PullImage(ctx context.Context, ref string, opts sandbox.PullOptions) (sandbox.ImageInfo, error) {
 	f.mu.Lock()
-	f.platform = opts.Platform
+	f.ref, f.platform = ref, opts.Platform
 	events, pulled, pullErr, hold := f.events, f.pulled, f.pullErr, f.hold
 	f.mu.Unlock()
 	for _, ev := range events {
@@ -131,8 +132,8 @@ func TestImagesRoundTrip(t *testing.T) {
 	if err != nil || !info.Pulled.Equal(image.Pulled) || info.Name != image.Name || info.SharedSize != image.SharedSize || info.Digest != image.Digest {
 		t.Fatalf("PullImage = %+v, %v; want %+v", info, err, image)
 	}
-	if !reflect.DeepEqual(got, events) || f.platform != "linux/arm64/v8" {
-		t.Errorf("the events %+v (platform %q); want %+v", got, f.platform, events)
+	if !reflect.DeepEqual(got, events) || f.ref != "ghcr.io/o/r:tag" || f.platform != "linux/arm64/v8" {
+		t.Errorf("the events %+v (ref %q, platform %q); want %+v", got, f.ref, f.platform, events)
 	}
 	if _, err := im.PullImage(ctx, "ghcr.io/o/r:tag", sandbox.PullOptions{}); err != nil {
 		t.Errorf("a pull without a Progress: %v", err)
@@ -225,7 +226,7 @@ func TestPullImageBrokenStream(t *testing.T) {
 		"json":     {"application/json", `{"image":{"name":"a"}}`, "not the application/x-ndjson stream"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 				w.Header().Set("Content-Type", c.ct)
 				_, _ = io.WriteString(w, c.body)
 			}))

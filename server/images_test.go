@@ -209,7 +209,7 @@ func TestPullErrors(t *testing.T) {
 	}
 
 	// A malformed body is refused before the sandbox is asked.
-	f.set(func(f *fakeImages) {})
+	f.set(func(*fakeImages) {})
 	for _, body := range []string{``, `[]`, `{"ref":"a","extra":1}`, `{"Ref":"a"}`, `{"ref":1}`, `{"ref":"a"} {}`, `{"ref":"a","ref":"b"}`} {
 		e.callErr("POST", "/v1/images/pull", body, http.StatusBadRequest, api.KindBadRequest)
 	}
@@ -266,7 +266,7 @@ func TestImageRoutes(t *testing.T) {
 		t.Errorf("an image imported without a digest is not %s on the wire", want)
 	}
 
-	f.set(func(f *fakeImages) {})
+	f.set(func(*fakeImages) {})
 	for path, name := range map[string]string{
 		"/v1/images/ghcr.io/o/r:tag": "ghcr.io/o/r:tag",
 		"/v1/images/127.0.0.1:5000/r@sha256:9f1c5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6": "127.0.0.1:5000/r@sha256:9f1c5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6",
@@ -274,7 +274,7 @@ func TestImageRoutes(t *testing.T) {
 		"/v1/images/pull":              "pull", // an image may be called so: DELETE is the removal
 		"/v1/images/python:3.12-slim":  "python:3.12-slim",
 	} {
-		f.set(func(f *fakeImages) {})
+		f.set(func(*fakeImages) {})
 		e.call("DELETE", path, nil, http.StatusNoContent, nil)
 		if got := f.calls(); len(got) != 1 || got[0] != "rm "+name {
 			t.Errorf("DELETE %s asked the sandbox %v; want rm %s", path, got, name)
@@ -294,7 +294,7 @@ func TestImageRoutes(t *testing.T) {
 
 	// No name: refused without asking the sandbox (DELETE /v1/images is
 	// redirected there by net/http, as the root of the {name...} subtree).
-	f.set(func(f *fakeImages) {})
+	f.set(func(*fakeImages) {})
 	for _, path := range []string{"/v1/images/", "/v1/images"} {
 		if er := e.callErr("DELETE", path, nil, http.StatusBadRequest, api.KindSandbox); er.Op != "remove_image" || !strings.Contains(er.Message, "name") {
 			t.Errorf("DELETE %s: %+v; want a remove_image error asking for a name", path, er)
