@@ -49,7 +49,9 @@
 // POST /v1/images/pull takes a [PullRequest] ({"ref": "python:3.12-slim",
 // "platform": "linux/arm64"}, platform optional) and answers 200 with
 // [ContentTypeNDJSON]: one sandbox.PullProgress object per line, in the
-// order of the pull's events, then one last line, a [PullEnd]:
+// order of the pull's events (a "fetching" event the client has not taken
+// yet is replaced by the next of its layer: a slow client holds up no
+// pull), then one last line, a [PullEnd]:
 // {"image": ImageInfo} or {"error": Error}. The answer starts with the
 // first event: a pull that fails before any (an invalid reference, kind
 // [KindImagePull] with reason invalid_reference) is a plain error response

@@ -23,7 +23,9 @@ const maxPullLine = 1 << 20
 
 // PullImage pulls ref into the daemon's store (POST /v1/images/pull),
 // calling opts.Progress with each event of the daemon's stream, in order,
-// from the calling goroutine, and returns the image. A failed pull is an
+// from the calling goroutine (a "fetching" event the client had not read
+// in time arrives merged into the next of its layer), and returns the
+// image. A failed pull is an
 // *sandbox.ImagePullError with its Reason (an invalid reference's is
 // PullInvalidReference); a daemon whose provider keeps no images answers a
 // *sandbox.SandboxError saying so. Ending ctx cancels the pull on the

@@ -3,8 +3,11 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
+	"os"
 	"sync"
+	"time"
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/api"
@@ -28,7 +31,8 @@ func (s *Server) images(op string) (sandbox.ImageManager, error) {
 // outcome (api.PullEnd). The 200 goes out with the first event, so a pull
 // that fails before any (an invalid reference) is a plain error response.
 // The pull runs under the request's context, which ends when the client
-// goes away; a line the client no longer takes cancels it too.
+// goes away; a line the client does not take within the idle timeout
+// cancels it too.
 func (s *Server) pullImage(w http.ResponseWriter, r *http.Request) {
 	var req api.PullRequest
 	if err := s.decodeJSON(r, &req); err != nil {
@@ -42,85 +46,159 @@ func (s *Server) pullImage(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	st := &pullStream{w: w, ctl: http.NewResponseController(w), cancel: cancel}
+	st := newPullStream(w, s.idle, cancel)
 	info, err := im.PullImage(ctx, req.Ref, sandbox.PullOptions{Platform: req.Platform, Progress: st.event})
-	started := st.stop()
 	s.met.pulled(err)
+	end := api.PullEnd{Image: &info}
 	if err != nil {
-		err = s.callError(r, err)
-		if !started {
-			s.writeError(w, r, err)
-			return
-		}
-		e := s.wireError(r, err)
-		st.end(api.PullEnd{Error: &e})
+		e := s.wireError(r, s.callError(r, err))
+		end = api.PullEnd{Error: &e}
+	}
+	if !st.finish(end, err == nil) {
+		writeJSON(w, end.Error.Status(), api.ErrorBody{Error: *end.Error})
 		return
 	}
-	st.end(api.PullEnd{Image: &info})
+	if st.cut != "" {
+		stateOf(r).cut = st.cut
+	}
 }
 
-// pullStream writes a pull's lines. Events may come from a goroutine of
-// the provider's: the mutex orders them with the handler's last line, and
-// once the pull has returned (stop) a late event is dropped rather than
-// written after the handler.
+// pullStream writes a pull's lines from a goroutine of its own, so that a
+// client slow to read never holds up the pull (which other pulls of the
+// reference may share). Events wait in a queue where a "fetching" event
+// replaces the one of its layer still waiting, so the queue holds a few
+// events per layer at most. A write that moves nothing for the idle
+// timeout, or fails, ends the stream and cancels the pull.
 type pullStream struct {
+	w      http.ResponseWriter
+	ctl    *http.ResponseController
+	idle   time.Duration
+	cancel context.CancelFunc
+	wake   chan struct{} // a token: the queue has grown or the stream ended
+	done   chan struct{} // closed when the writer has returned
+	cut    string        // why the writer stopped short; read after done
+
 	mu      sync.Mutex
-	w       http.ResponseWriter
-	ctl     *http.ResponseController
-	cancel  context.CancelFunc
-	started bool // the 200 and its header went out
-	stopped bool // the pull returned: no more events
-	broken  bool // a write failed: the client is gone
+	queue   []any // sandbox.PullProgress, then the api.PullEnd
+	started bool  // a line was queued: the answer is the stream
+	ended   bool  // no more lines
+	broken  bool  // a write failed
 }
 
+func newPullStream(w http.ResponseWriter, idle time.Duration, cancel context.CancelFunc) *pullStream {
+	p := &pullStream{w: w, ctl: http.NewResponseController(w), idle: idle, cancel: cancel,
+		wake: make(chan struct{}, 1), done: make(chan struct{})}
+	go p.run()
+	return p
+}
+
+// event queues ev; it never waits for the client.
 func (p *pullStream) event(ev sandbox.PullProgress) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.stopped {
-		p.line(ev)
+	if p.ended || p.broken {
+		return
+	}
+	p.started = true
+	defer p.signal()
+	if ev.Status == sandbox.PullLayerFetching {
+		for i := len(p.queue) - 1; i >= 0; i-- {
+			q, _ := p.queue[i].(sandbox.PullProgress)
+			if q.Layer != ev.Layer {
+				continue
+			}
+			if q.Status == sandbox.PullLayerFetching {
+				p.queue[i] = ev
+				return
+			}
+			break // an event of another status of the layer stays before this one
+		}
+	}
+	p.queue = append(p.queue, ev)
+}
+
+// finish ends the events and, when the stream has started or always is
+// set, queues end as the last line and waits for the writer to write it.
+// It reports whether the answer is the stream; when it is not, nothing was
+// written and the caller answers.
+func (p *pullStream) finish(end api.PullEnd, always bool) bool {
+	p.mu.Lock()
+	p.ended = true
+	stream := p.started || always
+	if stream && !p.broken {
+		p.queue = append(p.queue, end)
+	}
+	p.signal()
+	p.mu.Unlock()
+	<-p.done
+	return stream
+}
+
+func (p *pullStream) signal() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
 	}
 }
 
-// stop ends the events and reports whether the stream has started.
-func (p *pullStream) stop() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.stopped = true
-	return p.started
-}
-
-// end writes the last line (starting the stream if no event did).
-func (p *pullStream) end(v api.PullEnd) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.line(v)
+// run writes the queue's lines as they come, until the end line.
+func (p *pullStream) run() {
+	defer close(p.done)
+	var moved time.Time
+	first := true
+	for {
+		p.mu.Lock()
+		batch, ended := p.queue, p.ended
+		p.queue = nil
+		p.mu.Unlock()
+		for _, v := range batch {
+			if now := time.Now(); p.idle > 0 && now.Sub(moved) >= deadlineStep(p.idle) {
+				moved = now
+				_ = p.ctl.SetWriteDeadline(now.Add(p.idle)) // ErrNotSupported: no deadline to keep
+			}
+			err := p.line(v, first)
+			first = false
+			if err != nil {
+				p.mu.Lock()
+				p.broken = true
+				p.mu.Unlock()
+				p.cut = "error"
+				if errors.Is(err, os.ErrDeadlineExceeded) {
+					p.cut = "idle_timeout"
+				}
+				p.cancel() // no one is left to tell
+				return
+			}
+		}
+		if len(batch) == 0 {
+			if ended {
+				return
+			}
+			<-p.wake
+		}
+	}
 }
 
 // line writes v as one line and flushes it, so the client sees each event
-// as it happens. A write that fails (the client went away) cancels the
-// pull: no one is left to tell.
-func (p *pullStream) line(v any) {
-	if p.broken {
-		return
-	}
-	if !p.started {
-		p.started = true
+// as it happens; the first line sends the 200 and its header. The
+// connection closes with the answer: net/http writes the last chunk after
+// the handler, where the write deadline could not be lifted safely.
+func (p *pullStream) line(v any, first bool) error {
+	if first {
 		h := p.w.Header()
 		h.Set("Content-Type", api.ContentTypeNDJSON)
 		h.Set("Cache-Control", "no-store")
+		h.Set("Connection", "close")
 		p.w.WriteHeader(http.StatusOK)
 	}
 	b, err := json.Marshal(v) // PullProgress and PullEnd always marshal
-	if err == nil {
-		_, err = p.w.Write(append(b, '\n'))
-	}
-	if err == nil {
-		err = p.ctl.Flush()
-	}
 	if err != nil {
-		p.broken = true
-		p.cancel()
+		return err
 	}
+	if _, err := p.w.Write(append(b, '\n')); err != nil {
+		return err
+	}
+	return p.ctl.Flush()
 }
 
 // listImages is GET /v1/images.
