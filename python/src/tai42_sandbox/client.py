@@ -604,7 +604,9 @@ class Tai42Sandbox(Sandbox):
     ) -> SandboxImageInfo:
         """Pulls ref ("python:3.12-slim", "ghcr.io/o/r:tag",
         "host:5000/r@sha256:...") into the daemon's store and returns the
-        image, calling progress with each event of the pull, in order.
+        image, calling progress with each event of the pull, in order (a
+        "fetching" event not read in time arrives merged into the next of
+        its layer).
         platform ("os/arch[/variant]") picks from a multi-platform image;
         None is the daemon's own. A failed pull is a SandboxImagePullError
         with its reason ("invalid_reference" for a reference that is not
