@@ -44,6 +44,27 @@
 // implement sandbox.WorkspaceManager answers both routes with 400
 // sandbox_error saying so.
 //
+// # Images
+//
+// POST /v1/images/pull takes a [PullRequest] ({"ref": "python:3.12-slim",
+// "platform": "linux/arm64"}, platform optional) and answers 200 with
+// [ContentTypeNDJSON]: one sandbox.PullProgress object per line, in the
+// order of the pull's events (a "fetching" event the client has not taken
+// yet is replaced by the next of its layer: a slow client holds up no
+// pull), then one last line, a [PullEnd]:
+// {"image": ImageInfo} or {"error": Error}. The answer starts with the
+// first event: a pull that fails before any (an invalid reference, kind
+// [KindImagePull] with reason invalid_reference) is a plain error response
+// with its kind's status, as is a malformed body. A client that goes away
+// cancels the pull. GET /v1/images answers an [ImageList], sorted by name;
+// DELETE /v1/images/{name...} removes one (204; the name is the rest of
+// the path, its '/' included, each segment percent-escaped on its own), a
+// name not held being 404 [KindImageNotFound] carrying image; POST
+// /v1/images/prune answers a sandbox.PruneResult. A daemon whose sandbox
+// does not implement sandbox.ImageManager, or whose provider keeps no
+// images, answers pull, remove and prune with 400 sandbox_error saying so
+// (a kit sandbox lists no images then).
+//
 // # Interactive exec (WebSocket)
 //
 // GET /v1/sessions/{id}/exec/stream upgrades to a WebSocket with

@@ -27,6 +27,12 @@ const (
 	// KindUserNotFound: an exec's user name has no entry in the session's
 	// /etc/passwd (*sandbox.UserNotFoundError).
 	KindUserNotFound Kind = "user_not_found"
+	// KindImageNotFound: the daemon holds no image of the name
+	// (*sandbox.ImageNotFoundError).
+	KindImageNotFound Kind = "image_not_found"
+	// KindImagePull: an image could not be pulled (*sandbox.ImagePullError),
+	// reason saying why (sandbox.PullReason).
+	KindImagePull Kind = "image_pull"
 
 	// KindBadRequest: the request itself is malformed (bad JSON, an
 	// unknown field, a wrong type, a bad frame).
@@ -57,6 +63,8 @@ var KindStatus = map[Kind]int{
 	KindOutputLimit:       http.StatusInsufficientStorage,
 	KindWorkspaceNotFound: http.StatusNotFound,
 	KindUserNotFound:      http.StatusBadRequest,
+	KindImageNotFound:     http.StatusNotFound,
+	KindImagePull:         http.StatusBadRequest,
 	KindBadRequest:        http.StatusBadRequest,
 	KindUnauthorized:      http.StatusUnauthorized,
 	KindNotFound:          http.StatusNotFound,
@@ -77,12 +85,14 @@ type Error struct {
 	Detail       string   `json:"detail,omitempty"`        // session_not_found
 	Path         string   `json:"path,omitempty"`          // file_not_found
 	Field        string   `json:"field,omitempty"`         // spec_rejected
-	Reason       string   `json:"reason,omitempty"`        // spec_rejected
+	Reason       string   `json:"reason,omitempty"`        // spec_rejected, image_pull
 	Name         string   `json:"name,omitempty"`          // unavailable
 	Registered   []string `json:"registered,omitempty"`    // unavailable
 	Limit        int64    `json:"limit,omitempty"`         // output_limit
 	WorkspaceKey string   `json:"workspace_key,omitempty"` // workspace_not_found
 	User         string   `json:"user,omitempty"`          // user_not_found
+	Image        string   `json:"image,omitempty"`         // image_not_found
+	Ref          string   `json:"ref,omitempty"`           // image_pull
 	// exec_timeout and output_limit
 	TimeoutSeconds float64 `json:"timeout_seconds,omitempty"`
 	StdoutLen      *int64  `json:"stdout_len,omitempty"`
@@ -117,6 +127,8 @@ func ErrorFrom(err error) Error {
 		lim *sandbox.OutputLimitError
 		wnf *sandbox.WorkspaceNotFoundError
 		unf *sandbox.UserNotFoundError
+		inf *sandbox.ImageNotFoundError
+		ipe *sandbox.ImagePullError
 		te  *TransportError
 		se  *sandbox.SandboxError
 	)
@@ -141,6 +153,10 @@ func ErrorFrom(err error) Error {
 		return Error{Kind: KindWorkspaceNotFound, Message: wnf.Error(), Op: "remove_workspace", WorkspaceKey: wnf.Key}
 	case errors.As(err, &unf):
 		return Error{Kind: KindUserNotFound, Message: unf.Error(), Op: "exec", User: unf.User}
+	case errors.As(err, &inf):
+		return Error{Kind: KindImageNotFound, Message: inf.Error(), Op: "remove_image", Image: inf.Name}
+	case errors.As(err, &ipe):
+		return Error{Kind: KindImagePull, Message: ipe.Error(), Op: "pull_image", Ref: ipe.Ref, Reason: string(ipe.Reason)}
 	case errors.As(err, &se):
 		return Error{Kind: KindSandbox, Message: se.Error(), Op: se.Op}
 	}
@@ -177,6 +193,10 @@ func (e Error) Err() error {
 		return &sandbox.WorkspaceNotFoundError{Key: e.WorkspaceKey}
 	case KindUserNotFound:
 		return &sandbox.UserNotFoundError{User: e.User}
+	case KindImageNotFound:
+		return &sandbox.ImageNotFoundError{Name: e.Image}
+	case KindImagePull:
+		return &sandbox.ImagePullError{Ref: e.Ref, Reason: sandbox.PullReason(e.Reason), Message: pullMessage(e)}
 	case KindSandbox:
 		return &sandbox.SandboxError{Op: e.Op, Message: trimPrefix(e.Message, e.Op)}
 	}
@@ -192,6 +212,13 @@ func (e Error) Err() error {
 func rejectMessage(e Error) string {
 	orig := &sandbox.SpecRejectedError{Field: e.Field, Reason: sandbox.RejectReason(e.Reason)}
 	return strings.TrimPrefix(e.Message, orig.Error()) // orig ends with ": " and the empty message
+}
+
+// pullMessage recovers what the registry (or the store) answered from a
+// pull error's full message, as rejectMessage does for a rejection.
+func pullMessage(e Error) string {
+	orig := &sandbox.ImagePullError{Ref: e.Ref, Reason: sandbox.PullReason(e.Reason)}
+	return strings.TrimPrefix(e.Message, orig.Error())
 }
 
 // trimPrefix removes the "sandbox: op: " a SandboxError's text starts with,

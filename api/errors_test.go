@@ -30,6 +30,9 @@ func TestErrorRoundTrip(t *testing.T) {
 		{&sandbox.OutputLimitError{Limit: 64 << 20, StdoutLen: 64<<20 + 1, StderrLen: 3}, KindOutputLimit, http.StatusInsufficientStorage},
 		{&sandbox.WorkspaceNotFoundError{Key: "alice-notebook"}, KindWorkspaceNotFound, http.StatusNotFound},
 		{&sandbox.UserNotFoundError{User: "alice"}, KindUserNotFound, http.StatusBadRequest},
+		{&sandbox.ImageNotFoundError{Name: "ghcr.io/o/r:tag"}, KindImageNotFound, http.StatusNotFound},
+		{&sandbox.ImagePullError{Ref: "127.0.0.1:5000/r@sha256:0d", Reason: sandbox.PullNotFound, Message: "the registry has no manifest sha256:0d: MANIFEST_UNKNOWN"}, KindImagePull, http.StatusBadRequest},
+		{&sandbox.ImagePullError{Ref: "Bad Ref", Reason: sandbox.PullInvalidReference, Message: "could not parse reference: Bad Ref"}, KindImagePull, http.StatusBadRequest},
 		{sandbox.Errorf("get_file", "%q is a directory, not a file", "d"), KindSandbox, http.StatusBadRequest},
 		{sandbox.Errorf("", "no op"), KindSandbox, http.StatusBadRequest},
 	}
@@ -80,6 +83,35 @@ func TestUserNotFoundOnTheWire(t *testing.T) {
 	}
 	if e := m["error"]; e["kind"] != "user_not_found" || e["user"] != "alice" || e["op"] != "exec" || len(e) != 4 {
 		t.Errorf("user_not_found on the wire: %s; want kind, message, op exec and user alice", b)
+	}
+}
+
+// The image errors carry their fields (image; ref and reason) and their op,
+// wrapped or not.
+func TestImageErrorsOnTheWire(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want map[string]any
+	}{
+		{fmt.Errorf("remove: %w", &sandbox.ImageNotFoundError{Name: "python:3.12-slim"}),
+			map[string]any{"kind": "image_not_found", "op": "remove_image", "image": "python:3.12-slim"}},
+		{fmt.Errorf("pull: %w", &sandbox.ImagePullError{Ref: "python:3.12-slim", Reason: sandbox.PullNoPlatform, Message: "no linux/riscv64 manifest"}),
+			map[string]any{"kind": "image_pull", "op": "pull_image", "ref": "python:3.12-slim", "reason": "no_platform"}},
+	} {
+		b, _ := json.Marshal(ErrorBody{Error: ErrorFrom(c.err)})
+		var m map[string]map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		e := m["error"]
+		for k, v := range c.want {
+			if e[k] != v {
+				t.Errorf("%s: %s = %v; want %v", b, k, e[k], v)
+			}
+		}
+		if len(e) != len(c.want)+1 { // and the message
+			t.Errorf("%s carries fields beyond %v and the message", b, c.want)
+		}
 	}
 }
 

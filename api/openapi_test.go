@@ -38,6 +38,28 @@ func TestOpenAPI(t *testing.T) {
 	t.Run("enums", func(t *testing.T) { oaCheckEnums(t, doc) })
 	t.Run("errors", func(t *testing.T) { oaCheckErrors(t, doc) })
 	t.Run("stream", func(t *testing.T) { oaCheckStream(t, doc) })
+	t.Run("pull stream", func(t *testing.T) { oaCheckPullStream(t, doc) })
+}
+
+// oaCheckPullStream checks that the pull's 200 is the NDJSON stream of
+// PullProgress lines and its PullEnd.
+func oaCheckPullStream(t *testing.T, doc map[string]any) {
+	r, ok := oaRoutes()["POST /v1/images/pull"]
+	if !ok || r.OperationID != "pullImage" {
+		t.Fatal("api.Routes has no POST /v1/images/pull (pullImage)")
+	}
+	op := oaOperations(doc)[oaPattern(r)]
+	content := oaObj(oaObj(oaObj(op["responses"])["200"])["content"])
+	if len(content) != 1 || content[ContentTypeNDJSON] == nil {
+		t.Fatalf("pullImage: the 200 is %v; want only %s", slices.Collect(maps.Keys(content)), ContentTypeNDJSON)
+	}
+	var refs []any
+	for _, s := range oaObj(oaObj(content[ContentTypeNDJSON])["schema"])["oneOf"].([]any) {
+		refs = append(refs, oaObj(s)["$ref"])
+	}
+	if want := []any{"#/components/schemas/PullProgress", "#/components/schemas/PullEnd"}; !oaSameSet(refs, want) {
+		t.Errorf("pullImage: the stream's lines are %v; want one of %v", refs, want)
+	}
 }
 
 // oaLoad parses the embedded document, refusing duplicate keys (which
@@ -115,10 +137,13 @@ func oaOperations(doc map[string]any) map[string]map[string]any {
 	return ops
 }
 
+// oaPattern is "METHOD PATH" of r as the document names it (DocPath).
+func oaPattern(r Route) string { return r.Method + " " + r.DocPath() }
+
 func oaRoutes() map[string]Route {
 	m := map[string]Route{}
 	for _, r := range Routes {
-		m[r.Pattern()] = r
+		m[oaPattern(r)] = r
 	}
 	return m
 }
@@ -126,14 +151,14 @@ func oaRoutes() map[string]Route {
 func oaCheckRoutes(t *testing.T, doc map[string]any) {
 	paths := oaObj(doc["paths"])
 	for _, r := range Routes {
-		item, ok := paths[r.Path].(map[string]any)
+		item, ok := paths[r.DocPath()].(map[string]any)
 		if !ok {
-			t.Errorf("route %s (%s) is not documented: no path %q in openapi.json", r.Pattern(), r.OperationID, r.Path)
+			t.Errorf("route %s (%s) is not documented: no path %q in openapi.json", r.Pattern(), r.OperationID, r.DocPath())
 			continue
 		}
 		op, ok := item[strings.ToLower(r.Method)].(map[string]any)
 		if !ok {
-			t.Errorf("route %s (%s) is not documented: path %q has no %q operation", r.Pattern(), r.OperationID, r.Path, strings.ToLower(r.Method))
+			t.Errorf("route %s (%s) is not documented: path %q has no %q operation", r.Pattern(), r.OperationID, r.DocPath(), strings.ToLower(r.Method))
 			continue
 		}
 		if got := op["operationId"]; got != r.OperationID {
@@ -179,7 +204,7 @@ func oaCheckSecurity(t *testing.T, doc map[string]any) {
 	}
 	ops := oaOperations(doc)
 	for _, r := range Routes {
-		op, ok := ops[r.Pattern()]
+		op, ok := ops[oaPattern(r)]
 		if !ok {
 			continue // reported by oaCheckRoutes
 		}
@@ -286,13 +311,13 @@ func oaCheckParameters(t *testing.T, doc map[string]any) {
 	paths := oaObj(doc["paths"])
 	ops := oaOperations(doc)
 	for _, r := range Routes {
-		op, ok := ops[r.Pattern()]
+		op, ok := ops[oaPattern(r)]
 		if !ok {
 			continue
 		}
 		// Declared parameters: the path item's, overridden by the operation's.
 		declared := map[string]map[string]any{}
-		for _, list := range []any{oaObj(paths[r.Path])["parameters"], op["parameters"]} {
+		for _, list := range []any{oaObj(paths[r.DocPath()])["parameters"], op["parameters"]} {
 			ps, _ := list.([]any)
 			for _, p := range ps {
 				p := oaDeref(doc, p)
@@ -306,7 +331,7 @@ func oaCheckParameters(t *testing.T, doc map[string]any) {
 			}
 		}
 		inPath := map[string]bool{}
-		for _, m := range oaPathParam.FindAllStringSubmatch(r.Path, -1) {
+		for _, m := range oaPathParam.FindAllStringSubmatch(r.DocPath(), -1) {
 			inPath[m[1]] = true
 			p, ok := declared["path:"+m[1]]
 			if !ok {
@@ -348,6 +373,12 @@ var oaWireTypes = map[string]reflect.Type{
 	"PolicyInfo":    reflect.TypeFor[PolicyInfo](),
 	"EgressFences":  reflect.TypeFor[EgressFences](),
 	"DiskCap":       reflect.TypeFor[DiskCap](),
+	"PullRequest":   reflect.TypeFor[PullRequest](),
+	"PullEnd":       reflect.TypeFor[PullEnd](),
+	"PullProgress":  reflect.TypeFor[sandbox.PullProgress](),
+	"ImageInfo":     reflect.TypeFor[sandbox.ImageInfo](),
+	"ImageList":     reflect.TypeFor[ImageList](),
+	"PruneResult":   reflect.TypeFor[sandbox.PruneResult](),
 }
 
 // oaEnums are the enum schemas and the contract's values of each.
@@ -356,6 +387,10 @@ var oaEnums = map[string][]any{
 	"Network":      {string(sandbox.NetworkNone), string(sandbox.NetworkInternal), string(sandbox.NetworkEgress)},
 	"Isolation":    {string(sandbox.IsolationNone), string(sandbox.IsolationContainer), string(sandbox.IsolationVM), nil},
 	"RejectReason": {string(sandbox.ReasonInvalid), string(sandbox.ReasonPolicy), string(sandbox.ReasonUnenforceable), string(sandbox.ReasonConflict)},
+	"PullReason": {string(sandbox.PullInvalidReference), string(sandbox.PullNotFound), string(sandbox.PullUnauthorized),
+		string(sandbox.PullNoPlatform), string(sandbox.PullInvalidImage), string(sandbox.PullUnreachable), string(sandbox.PullStorage)},
+	"PullStatus": {string(sandbox.PullResolved), string(sandbox.PullLayerExists), string(sandbox.PullLayerFetching),
+		string(sandbox.PullLayerDone), string(sandbox.PullComplete)},
 }
 
 // oaJSONNames returns the JSON names of t's fields as encoding/json sees
@@ -497,7 +532,7 @@ func oaCheckStream(t *testing.T, doc map[string]any) {
 	if stream == nil {
 		t.Fatal("api.Routes has no execStream route")
 	}
-	op, ok := oaOperations(doc)[stream.Pattern()]
+	op, ok := oaOperations(doc)[oaPattern(*stream)]
 	if !ok {
 		t.Fatalf("%s is not documented", stream.Pattern())
 	}

@@ -1,7 +1,11 @@
 package api
 
-// Route is one endpoint of the API. Pattern uses net/http's ServeMux syntax,
-// which is also the OpenAPI path syntax.
+import "strings"
+
+// Route is one endpoint of the API. Path uses net/http's ServeMux syntax,
+// which is also the OpenAPI path syntax but for a trailing "{name...}"
+// wildcard (a parameter that may hold '/'), which [Route.DocPath] writes as
+// OpenAPI's "{name}".
 type Route struct {
 	Method      string
 	Path        string
@@ -12,6 +16,15 @@ type Route struct {
 
 // Pattern returns the ServeMux pattern "METHOD PATH".
 func (r Route) Pattern() string { return r.Method + " " + r.Path }
+
+// DocPath returns the path as the OpenAPI document names it: Path with a
+// trailing "{name...}" written "{name}".
+func (r Route) DocPath() string {
+	if strings.HasSuffix(r.Path, "...}") {
+		return strings.TrimSuffix(r.Path, "...}") + "}"
+	}
+	return r.Path
+}
 
 // The API's routes. The server registers exactly these and openapi.json
 // documents exactly these (TestOpenAPI in this package checks the document; the server's tests check the registration).
@@ -33,6 +46,10 @@ var Routes = []Route{
 	{"POST", "/v1/reap", "reap", false},
 	{"GET", "/v1/workspaces", "listWorkspaces", false},
 	{"DELETE", "/v1/workspaces/{key}", "removeWorkspace", false},
+	{"POST", "/v1/images/pull", "pullImage", false},
+	{"GET", "/v1/images", "listImages", false},
+	{"DELETE", "/v1/images/{name...}", "removeImage", false},
+	{"POST", "/v1/images/prune", "pruneImages", false},
 }
 
 // Headers and query parameters.
@@ -50,6 +67,9 @@ const (
 	TrailerUploadFailed = "Tai42-Upload-Failed"
 	// ExecSubprotocol is the WebSocket subprotocol of the interactive exec.
 	ExecSubprotocol = "tai42.exec.v1"
+	// ContentTypeNDJSON is the media type of the pull's answer: one JSON
+	// object per line.
+	ContentTypeNDJSON = "application/x-ndjson"
 	// DefaultPort is the daemon's default TCP port on 127.0.0.1.
 	DefaultPort = 4242
 )

@@ -85,6 +85,28 @@ type WorkspaceList struct {
 	Workspaces []sandbox.WorkspaceInfo `json:"workspaces"`
 }
 
+// PullRequest is the body of POST /v1/images/pull: the reference to pull
+// and, for a multi-platform image, the platform ("os/arch[/variant]"; ""
+// is the daemon's own).
+type PullRequest struct {
+	Ref      string `json:"ref"`
+	Platform string `json:"platform,omitempty"`
+}
+
+// PullEnd is the last line of the answer of POST /v1/images/pull, after
+// one [sandbox.PullProgress] line per event: the image pulled, or the
+// error the pull ended with. Exactly one of the two is set.
+type PullEnd struct {
+	Image *sandbox.ImageInfo `json:"image,omitempty"`
+	Error *Error             `json:"error,omitempty"`
+}
+
+// ImageList is the body of GET /v1/images: every image the daemon holds,
+// sorted by name.
+type ImageList struct {
+	Images []sandbox.ImageInfo `json:"images"`
+}
+
 // Reaped is the body of POST /v1/reap.
 type Reaped struct {
 	Reaped []string `json:"reaped"`

@@ -371,6 +371,7 @@ type request struct {
 	body             io.Reader
 	length           int64 // of body; -1 unknown
 	contentType      string
+	accept           string      // "" is application/json
 	trailer          http.Header // declared trailers, set before the body ends
 }
 
@@ -407,7 +408,11 @@ func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
 	if r.trailer != nil {
 		req.Trailer = r.trailer
 	}
-	req.Header.Set("Accept", "application/json")
+	accept := r.accept
+	if accept == "" {
+		accept = "application/json"
+	}
+	req.Header.Set("Accept", accept)
 	c.authorize(req.Header)
 	resp, err := c.hc.Do(req)
 	if err != nil {

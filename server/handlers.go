@@ -41,6 +41,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // writeError writes err's wire form with its kind's status and records the
 // kind for the log line.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	e := s.wireError(r, err)
+	writeJSON(w, e.Status(), api.ErrorBody{Error: e})
+}
+
+// wireError is err's wire form for the request's route, its kind recorded
+// for the log line: the one place an error of a request is mapped.
+func (s *Server) wireError(r *http.Request, err error) api.Error {
 	e := api.ErrorFrom(err)
 	rs := stateOf(r)
 	if e.Kind == api.KindSpecRejected && rs.route == "removeWorkspace" {
@@ -50,7 +57,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	if e.Kind == api.KindInternal {
 		rs.errMsg = e.Message
 	}
-	writeJSON(w, e.Status(), api.ErrorBody{Error: e})
+	return e
 }
 
 // overLimit reports whether an error met while consuming the request body

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -37,7 +38,18 @@ type metrics struct {
 	execDuration *prometheus.HistogramVec
 	bytes        *prometheus.CounterVec
 	requests     *prometheus.CounterVec
+	pulls        *prometheus.CounterVec
 }
+
+// Results of a pull beyond the PullReasons.
+const (
+	pullOK    = "ok"
+	pullOther = "other" // an error that is not an *ImagePullError (a cancelled pull, a provider without images)
+)
+
+// pullReasons are the PullReason label values, every one a series from the start.
+var pullReasons = []sandbox.PullReason{sandbox.PullInvalidReference, sandbox.PullNotFound, sandbox.PullUnauthorized,
+	sandbox.PullNoPlatform, sandbox.PullInvalidImage, sandbox.PullUnreachable, sandbox.PullStorage}
 
 // listTimeout bounds the ListSessions of one scrape of sessions_live.
 const listTimeout = 5 * time.Second
@@ -67,6 +79,9 @@ func newMetrics(reg *prometheus.Registry, sb sandbox.Sandbox) (*metrics, error) 
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tai42_http_requests_total", Help: "HTTP requests, by route (operation id, or unknown) and status code.",
 		}, []string{"route", "code"}),
+		pulls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tai42_image_pulls_total", Help: "Image pulls through the API, by result (ok, a pull error's reason, or other).",
+		}, []string{"result"}),
 	}
 	live := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tai42_sessions_live", Help: "Live sessions.",
@@ -91,7 +106,7 @@ func newMetrics(reg *prometheus.Registry, sb sandbox.Sandbox) (*metrics, error) 
 		reaped = m.reaped
 	}
 	for _, c := range []prometheus.Collector{m.created, m.rejectedVec, reaped, m.destroyed, m.execsStarted,
-		m.execDuration, m.bytes, m.requests, live} {
+		m.execDuration, m.bytes, m.requests, m.pulls, live} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("server: registering metrics: %w", err)
 		}
@@ -118,7 +133,25 @@ func newMetrics(reg *prometheus.Registry, sb sandbox.Sandbox) (*metrics, error) 
 	for _, d := range []string{dirStdin, dirStdout, dirStderr, dirPut, dirGet} {
 		m.bytes.WithLabelValues(d)
 	}
+	for _, r := range pullReasons {
+		m.pulls.WithLabelValues(string(r))
+	}
+	m.pulls.WithLabelValues(pullOK)
+	m.pulls.WithLabelValues(pullOther)
 	return m, nil
+}
+
+// pulled counts a pull by its result.
+func (m *metrics) pulled(err error) {
+	var pe *sandbox.ImagePullError
+	switch {
+	case err == nil:
+		m.pulls.WithLabelValues(pullOK).Inc()
+	case errors.As(err, &pe) && slices.Contains(pullReasons, pe.Reason):
+		m.pulls.WithLabelValues(string(pe.Reason)).Inc()
+	default:
+		m.pulls.WithLabelValues(pullOther).Inc()
+	}
 }
 
 // rejected counts a create refused with a *sandbox.SpecRejectedError.

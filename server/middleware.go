@@ -55,8 +55,8 @@ func stateOf(r *http.Request) *reqState {
 }
 
 // routes builds the handler: the outer middleware around a ServeMux that
-// holds exactly api.Routes, a 405 for each known path and a 404 for the
-// rest.
+// holds exactly api.Routes, and a fallback that answers 405 (with Allow)
+// for a path some route serves with another method, 404 for the rest.
 func (s *Server) routes() (_ http.Handler, err error) {
 	handlers := map[string]http.HandlerFunc{
 		"healthz":        s.healthz,
@@ -77,6 +77,11 @@ func (s *Server) routes() (_ http.Handler, err error) {
 		// workspaces.go
 		"listWorkspaces":  s.listWorkspaces,
 		"removeWorkspace": s.removeWorkspace,
+		// images.go
+		"pullImage":   s.pullImage,
+		"listImages":  s.listImages,
+		"removeImage": s.removeImage,
+		"pruneImages": s.pruneImages,
 	}
 	mux := http.NewServeMux()
 	defer func() {
@@ -84,8 +89,6 @@ func (s *Server) routes() (_ http.Handler, err error) {
 			err = fmt.Errorf("server: registering the routes: %v", p)
 		}
 	}()
-	allow := make(map[string][]string)
-	var paths []string
 	for _, rt := range api.Routes {
 		h, ok := handlers[rt.OperationID]
 		if !ok {
@@ -93,13 +96,6 @@ func (s *Server) routes() (_ http.Handler, err error) {
 		}
 		delete(handlers, rt.OperationID)
 		mux.Handle(rt.Pattern(), s.route(rt, h))
-		if _, seen := allow[rt.Path]; !seen {
-			paths = append(paths, rt.Path)
-		}
-		allow[rt.Path] = append(allow[rt.Path], rt.Method)
-		if rt.Method == http.MethodGet {
-			allow[rt.Path] = append(allow[rt.Path], http.MethodHead) // ServeMux serves HEAD with GET
-		}
 	}
 	if len(handlers) > 0 {
 		var extra []string
@@ -109,17 +105,41 @@ func (s *Server) routes() (_ http.Handler, err error) {
 		slices.Sort(extra)
 		return nil, fmt.Errorf("server: handlers without a route in api.Routes: %s", strings.Join(extra, ", "))
 	}
-	for _, p := range paths {
-		methods := strings.Join(allow[p], ", ")
-		mux.Handle(p, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Allow", methods)
-			s.writeError(w, r, api.Transportf(api.KindMethodNotAllowed, "method %s is not allowed on %s; allowed: %s", r.Method, p, methods))
-		}))
-	}
+	// A method-less pattern per path would conflict with a wildcard route
+	// of another method ("/v1/images/pull" with "DELETE
+	// /v1/images/{name...}"), so the one fallback finds the methods by
+	// asking the mux.
 	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if allow := allowedMethods(mux, r); allow != "" {
+			w.Header().Set("Allow", allow)
+			s.writeError(w, r, api.Transportf(api.KindMethodNotAllowed, "method %s is not allowed on %s; allowed: %s", r.Method, clipText(r.URL.Path), allow))
+			return
+		}
 		s.writeError(w, r, api.Transportf(api.KindNotFound, "no route %s %s", r.Method, clipText(r.URL.Path)))
 	}))
 	return s.outer(mux), nil
+}
+
+// allowedMethods lists, in the order of api.Routes, the methods of the
+// routes that serve r's path (HEAD after GET: ServeMux serves HEAD with
+// GET); "" when none does.
+func allowedMethods(mux *http.ServeMux, r *http.Request) string {
+	var allow []string
+	for _, rt := range api.Routes {
+		if slices.Contains(allow, rt.Method) {
+			continue
+		}
+		probe := r.WithContext(r.Context())
+		probe.Method = rt.Method
+		if _, pattern := mux.Handler(probe); pattern != rt.Pattern() {
+			continue
+		}
+		allow = append(allow, rt.Method)
+		if rt.Method == http.MethodGet {
+			allow = append(allow, http.MethodHead)
+		}
+	}
+	return strings.Join(allow, ", ")
 }
 
 // maxSessionID is the longest session id the server passes to the sandbox;
@@ -132,6 +152,7 @@ var bodyRoutes = map[string]bool{
 	"createSession": true,
 	"exec":          true,
 	"putFile":       false,
+	"pullImage":     true,
 }
 
 // route wraps one route's handler: it names the route for the log and the

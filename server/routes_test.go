@@ -99,7 +99,7 @@ func TestAuth(t *testing.T) {
 func TestRoutes(t *testing.T) {
 	e := newEnv(t)
 	for _, rt := range api.Routes {
-		path := strings.NewReplacer("{id}", "sb-none", "{key}", "proj").Replace(rt.Path)
+		path := strings.NewReplacer("{id}", "sb-none", "{key}", "proj", "{name...}", "ghcr.io/o/r:tag").Replace(rt.Path)
 		resp := e.req(rt.Method, path, nil, "")
 		resp.Body.Close()
 		want := http.StatusUnauthorized

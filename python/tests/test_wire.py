@@ -14,6 +14,8 @@ from tai42_contract.sandbox import (
     SandboxError,
     SandboxExecTimeoutError,
     SandboxFileNotFoundError,
+    SandboxImageNotFoundError,
+    SandboxImagePullError,
     SandboxOutputLimitError,
     SandboxSessionNotFoundError,
     SandboxSessionSpec,
@@ -53,6 +55,11 @@ EXAMPLES: list[SandboxError] = [
     SandboxOutputLimitError(1024, 1025, 7),
     SandboxWorkspaceNotFoundError("notes"),
     SandboxUserNotFoundError("ghost"),
+    SandboxImageNotFoundError("ghcr.io/o/r:tag"),
+    SandboxImagePullError(
+        "127.0.0.1:5000/r@sha256:0d", "not_found", "MANIFEST_UNKNOWN: no such tag"
+    ),
+    SandboxImagePullError("Not A Ref", "invalid_reference", "could not parse reference: Not A Ref"),
     *(SandboxTransportError(k, f"a {k} failure") for k in TRANSPORT_KINDS),
 ]
 

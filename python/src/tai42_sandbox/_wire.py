@@ -8,7 +8,7 @@ import base64
 import json
 import math
 from collections.abc import Mapping
-from typing import Any, Final, get_args
+from typing import Any, Final, cast, get_args
 
 from pydantic import SecretStr
 
@@ -17,6 +17,8 @@ from tai42_contract.sandbox import (
     SandboxError,
     SandboxExecTimeoutError,
     SandboxFileNotFoundError,
+    SandboxImageNotFoundError,
+    SandboxImagePullError,
     SandboxOutputLimitError,
     SandboxSessionNotFoundError,
     SandboxSessionSpec,
@@ -25,7 +27,7 @@ from tai42_contract.sandbox import (
     SandboxUserNotFoundError,
     SandboxWorkspaceNotFoundError,
 )
-from tai42_contract.sandbox.errors import RejectReason
+from tai42_contract.sandbox.errors import PullReason, RejectReason
 
 
 class SandboxTransportError(SandboxError):
@@ -52,6 +54,8 @@ KIND_UNAVAILABLE: Final = "unavailable"
 KIND_OUTPUT_LIMIT: Final = "output_limit"
 KIND_WORKSPACE_NOT_FOUND: Final = "workspace_not_found"
 KIND_USER_NOT_FOUND: Final = "user_not_found"
+KIND_IMAGE_NOT_FOUND: Final = "image_not_found"
+KIND_IMAGE_PULL: Final = "image_pull"
 TRANSPORT_KINDS: Final = (
     "bad_request",
     "unauthorized",
@@ -73,6 +77,8 @@ KIND_STATUS: Final[Mapping[str, int]] = {
     KIND_OUTPUT_LIMIT: 507,
     KIND_WORKSPACE_NOT_FOUND: 404,
     KIND_USER_NOT_FOUND: 400,
+    KIND_IMAGE_NOT_FOUND: 404,
+    KIND_IMAGE_PULL: 400,
     "bad_request": 400,
     "unauthorized": 401,
     "not_found": 404,
@@ -151,6 +157,10 @@ def error_from_wire(e: Mapping[str, Any]) -> SandboxError:
         return SandboxWorkspaceNotFoundError(_str(e.get("workspace_key")))
     if kind == KIND_USER_NOT_FOUND:
         return SandboxUserNotFoundError(_str(e.get("user")), _strip(message, "sandbox: exec: "))
+    if kind == KIND_IMAGE_NOT_FOUND:
+        return SandboxImageNotFoundError(_str(e.get("image")))
+    if kind == KIND_IMAGE_PULL:
+        return _pull_error(e, message)
     if kind == KIND_SANDBOX:
         prefix = f"sandbox: {op}: " if op else "sandbox: "
         return SandboxError(_strip(message, prefix), op=op)
@@ -165,6 +175,14 @@ def _rejection(e: Mapping[str, Any], message: str) -> SandboxSpecRejectedError:
     # that the rebuilt error prints as the original did.
     empty = str(SandboxSpecRejectedError("", field=field, reason=reason))
     return SandboxSpecRejectedError(_strip(message, empty), field=field, reason=reason)
+
+
+def _pull_error(e: Mapping[str, Any], message: str) -> SandboxImagePullError:
+    ref = _str(e.get("ref"))
+    # A reason from a newer daemon keeps its text: the message says it too.
+    reason = cast(PullReason, _str(e.get("reason")))
+    empty = str(SandboxImagePullError(ref, reason, ""))
+    return SandboxImagePullError(ref, reason, _strip(message, empty))
 
 
 def _lens(stdout_len: int, stderr_len: int) -> dict[str, Any]:
@@ -217,6 +235,21 @@ def error_to_wire(err: BaseException) -> dict[str, Any]:
             "message": msg,
             "op": "remove_workspace",
             "workspace_key": err.workspace_key,
+        }
+    if isinstance(err, SandboxImageNotFoundError):
+        return {
+            "kind": KIND_IMAGE_NOT_FOUND,
+            "message": msg,
+            "op": "remove_image",
+            "image": err.image,
+        }
+    if isinstance(err, SandboxImagePullError):
+        return {
+            "kind": KIND_IMAGE_PULL,
+            "message": msg,
+            "op": "pull_image",
+            "ref": err.ref,
+            "reason": err.reason,
         }
     if isinstance(err, SandboxUserNotFoundError):
         return {"kind": KIND_USER_NOT_FOUND, "message": msg, "op": "exec", "user": err.user}
@@ -313,4 +346,5 @@ TAG_STDOUT: Final = 0x01
 TAG_STDERR: Final = 0x02
 MAX_STDIN_FRAME: Final = 1 << 20
 MAX_JSON_BODY: Final = 64 << 20
+NDJSON: Final = "application/x-ndjson"
 TRAILER_UPLOAD_FAILED: Final = "Tai42-Upload-Failed"

@@ -5,21 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import inspect
 import json
 import ssl as _ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final
+from urllib.parse import quote
 
 import aiohttp
-from pydantic import SecretStr
+from aiohttp.payload import BytesPayload
+from pydantic import SecretStr, ValidationError
 
 from tai42_contract.sandbox import (
     ExecResult,
     Sandbox,
     SandboxError,
     SandboxExecHandle,
+    SandboxImageInfo,
     SandboxPolicy,
+    SandboxPruneResult,
+    SandboxPullProgress,
     SandboxSession,
     SandboxSessionInfo,
     SandboxSessionNotFoundError,
@@ -35,8 +41,10 @@ from ._http import Endpoint, Transport, resolve_token, resolve_url, session_path
 from ._wire import (
     EXEC_SUBPROTOCOL,
     MAX_JSON_BODY,
+    NDJSON,
     TRAILER_UPLOAD_FAILED,
     error_from_wire,
+    from_json,
     result_from_wire,
     reveal,
     to_json,
@@ -46,6 +54,10 @@ from ._wire import (
 
 _OCTETS: Final = {"Content-Type": "application/octet-stream"}
 _JSON: Final = {"Content-Type": "application/json"}
+PullProgressCallback = Callable[[SandboxPullProgress], "Awaitable[None] | None"]
+"""What pull_image calls with each event: a function, or a coroutine
+function (awaited before the next event is read)."""
+
 # The JSON body of an exec without its stdin, past which an exec goes over
 # the stream: what the base64 of stdin adds is 4 bytes per 3.
 _STDIN_FIELD: Final = len(',"stdin_base64":""')
@@ -581,9 +593,119 @@ class Tai42Sandbox(Sandbox):
         bad = valid_workspace_key(key) if isinstance(key, str) else "workspace_key must be a str"
         if bad:
             raise SandboxError(f"{bad}; no workspace can have it", op=op)
-        from urllib.parse import quote
-
         await t.call(op, "DELETE", "/v1/workspaces/" + quote(key, safe=""))
+
+    async def pull_image(
+        self,
+        ref: str,
+        *,
+        platform: str | None = None,
+        progress: PullProgressCallback | None = None,
+    ) -> SandboxImageInfo:
+        """Pulls ref ("python:3.12-slim", "ghcr.io/o/r:tag",
+        "host:5000/r@sha256:...") into the daemon's store and returns the
+        image, calling progress with each event of the pull, in order (a
+        "fetching" event not read in time arrives merged into the next of
+        its layer).
+        platform ("os/arch[/variant]") picks from a multi-platform image;
+        None is the daemon's own. A failed pull is a SandboxImagePullError
+        with its reason ("invalid_reference" for a reference that is not
+        one); a daemon whose provider keeps no images raises a SandboxError
+        saying so. Cancelling the call (or an exception of progress) closes
+        the stream, which cancels the pull on the daemon."""
+        op = "pull_image"
+        t = self._transport_ready()
+        if not isinstance(ref, str):
+            raise SandboxError(f"ref must be a str, got {type(ref).__name__}", op=op)
+        body: dict[str, str] = {"ref": ref}
+        if platform:
+            body["platform"] = platform
+        data = BytesPayload(to_json(body).encode(), content_type="application/json")
+        resp = await t.request(op, "POST", "/v1/images/pull", data=data, headers={"Accept": NDJSON})
+        try:
+            info = await self._read_pull(t, op, resp, progress)
+        except BaseException:
+            resp.close()  # an unfinished stream: the daemon sees the client go
+            raise
+        resp.release()
+        return info
+
+    @staticmethod
+    async def _read_pull(
+        t: Transport,
+        op: str,
+        resp: aiohttp.ClientResponse,
+        progress: PullProgressCallback | None,
+    ) -> SandboxImageInfo:
+        if resp.content_type != NDJSON:
+            raise SandboxError(
+                f"the daemon at {t.display} answered the pull with {resp.content_type!r}, not "
+                f"the {NDJSON} stream of its progress",
+                op=op,
+            )
+        try:
+            async for raw in resp.content:
+                if not raw.strip():
+                    continue
+                try:
+                    line = from_json(raw)
+                    if not isinstance(line, dict):
+                        raise ValueError("not an object")
+                    err = line.get("error")
+                    if isinstance(err, dict):
+                        raise error_from_wire(err)
+                    if "image" in line:
+                        return SandboxImageInfo.model_validate(line["image"])
+                    event = SandboxPullProgress.model_validate(line)
+                except (ValueError, ValidationError):
+                    raise SandboxError(
+                        f"the daemon at {t.display} sent a line of the pull stream that is not "
+                        "the expected JSON",
+                        op=op,
+                    ) from None
+                if progress is not None:
+                    r = progress(event)
+                    if inspect.isawaitable(r):
+                        await r
+        except aiohttp.ClientError as e:
+            raise SandboxError(
+                f"the pull stream from the daemon at {t.display} broke off ({e}); whether the "
+                "image was pulled is unknown",
+                op=op,
+            ) from None
+        raise SandboxError(
+            f"the pull stream from the daemon at {t.display} ended before its outcome; whether "
+            "the image was pulled is unknown (list_images says)",
+            op=op,
+        )
+
+    async def list_images(self) -> list[SandboxImageInfo]:
+        """The images the daemon holds, sorted by name; none for a provider
+        that keeps no images."""
+        t = self._transport_ready()
+        body = await t.call("list_images", "GET", "/v1/images")
+        return [SandboxImageInfo.model_validate(i) for i in (body or {}).get("images") or []]
+
+    async def remove_image(self, name: str) -> None:
+        """Removes the image name (as list_images names it) and the layers
+        no other image uses. A name the daemon does not hold is a
+        SandboxImageNotFoundError; an image a live session uses is refused
+        with a SandboxError saying so; an empty name is refused without a
+        request."""
+        op = "remove_image"
+        t = self._transport_ready()
+        if not isinstance(name, str) or not name:
+            raise SandboxError("an image name (a non-empty str) is required", op=op)
+        # The route takes the rest of the path: each part escaped on its own.
+        path = "/".join(quote(p, safe="") for p in name.split("/"))
+        await t.call(op, "DELETE", "/v1/images/" + path)
+
+    async def prune_images(self) -> SandboxPruneResult:
+        """Removes the layers no image uses and says what went."""
+        t = self._transport_ready()
+        return SandboxPruneResult.model_validate(
+            await t.call("prune_images", "POST", "/v1/images/prune")
+        )
 
     # Exec handles: tracked so that a destroy through this client lifts
     # their bound, and close drops them.
@@ -605,4 +727,4 @@ class Tai42Sandbox(Sandbox):
                 h.unbound()
 
 
-__all__ = ["SandboxExecHandle", "Tai42Sandbox", "Tai42Session"]
+__all__ = ["PullProgressCallback", "SandboxExecHandle", "Tai42Sandbox", "Tai42Session"]

@@ -17,7 +17,9 @@ from pydantic import SecretStr
 from tai42_contract.sandbox import (
     ExecResult,
     SandboxError,
+    SandboxImageInfo,
     SandboxPolicy,
+    SandboxPruneResult,
     SandboxSessionInfo,
     SandboxSessionSpec,
     SandboxStreamChunk,
@@ -27,7 +29,7 @@ from tai42_contract.sandbox import (
 
 from ._exec import Tai42ExecHandle
 from ._files import BinaryReader, Tai42FileReader
-from .client import Tai42Sandbox, Tai42Session, _OpenFile
+from .client import PullProgressCallback, Tai42Sandbox, Tai42Session, _OpenFile
 
 T = TypeVar("T")
 
@@ -295,3 +297,23 @@ class Tai42SandboxSync:
 
     def remove_workspace(self, key: str) -> None:
         self._loop.run(self._sb.remove_workspace(key))
+
+    def pull_image(
+        self,
+        ref: str,
+        *,
+        platform: str | None = None,
+        progress: PullProgressCallback | None = None,
+    ) -> SandboxImageInfo:
+        """Tai42Sandbox.pull_image, blocking; progress runs on the client's
+        loop thread."""
+        return self._loop.run(self._sb.pull_image(ref, platform=platform, progress=progress))
+
+    def list_images(self) -> list[SandboxImageInfo]:
+        return self._loop.run(self._sb.list_images())
+
+    def remove_image(self, name: str) -> None:
+        self._loop.run(self._sb.remove_image(name))
+
+    def prune_images(self) -> SandboxPruneResult:
+        return self._loop.run(self._sb.prune_images())

@@ -17,6 +17,22 @@ RejectReason = Literal["invalid", "policy", "unenforceable", "conflict"]
 """Why a spec was rejected: malformed, against the operator policy, beyond
 what the provider can enforce, or in conflict with a live session."""
 
+PullReason = Literal[
+    "invalid_reference",
+    "not_found",
+    "unauthorized",
+    "no_platform",
+    "invalid_image",
+    "unreachable",
+    "storage",
+]
+"""Why a pull failed: the reference is not one (nothing was asked of a
+registry); the registry has no such repository, tag or digest; it refused
+the credentials (or asked for some and none were configured); the image has
+no manifest for the platform asked; what it sent is not a usable image (a
+digest that does not match, a hostile layer, too large); it could not be
+reached, or stalled; the store could not keep it (a full disk)."""
+
 
 def _q(s: str) -> str:
     """s quoted as the Go family's %q quotes it, near enough to read alike."""
@@ -253,11 +269,48 @@ class SandboxUserNotFoundError(SandboxError):
         super().__init__(message or f"user {_q(user)} is not known in the session", op="exec")
 
 
+class SandboxImageNotFoundError(SandboxError):
+    """The daemon holds no image of the name (beyond the contract: the
+    images of a provider that pulls them)."""
+
+    image: str
+
+    def __init__(self, image: str) -> None:
+        self.image = image
+        super().__init__(f"no image {_q(image)} in the store", op="remove_image")
+
+    def _text(self) -> str:
+        return "sandbox: " + self.message
+
+
+class SandboxImagePullError(SandboxError):
+    """The image ``ref`` could not be pulled. ``reason`` says why (one of
+    :data:`PullReason`: "invalid_reference" for a reference that is not
+    one) and ``detail`` what the registry (or the store) answered; it never
+    holds a credential."""
+
+    ref: str
+    reason: PullReason
+    detail: str
+
+    def __init__(self, ref: str, reason: PullReason, detail: str) -> None:
+        self.ref = ref
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"pulling image {_q(ref)} ({reason}): {detail}", op="pull_image")
+
+    def _text(self) -> str:
+        return "sandbox: " + self.message
+
+
 __all__ = [
+    "PullReason",
     "RejectReason",
     "SandboxError",
     "SandboxExecTimeoutError",
     "SandboxFileNotFoundError",
+    "SandboxImageNotFoundError",
+    "SandboxImagePullError",
     "SandboxOutputLimitError",
     "SandboxSessionNotFoundError",
     "SandboxSpecRejectedError",

@@ -262,11 +262,68 @@ class SandboxWorkspaceInfo(BaseModel):
     in_use_by: str = ""
 
 
+SandboxPullStatus = Literal["resolved", "exists", "fetching", "done", "complete"]
+"""The kind of a pull event: the reference resolved to a manifest
+(``digest``), whose layers follow; the store holds ``layer`` already (not
+fetched); ``done`` of ``total`` bytes of ``layer`` fetched (repeated);
+``layer`` fetched, verified and unpacked; the image is in the store."""
+
+
+class SandboxImageInfo(BaseModel):
+    """An image the daemon holds (beyond the contract: the images of a
+    provider that pulls them). ``name`` is the familiar form
+    ("python:3.12-slim", "ghcr.io/o/r:tag"); ``id`` the digest of its
+    config; ``digest`` the manifest digest it was pulled by ("" for an
+    image imported from a file without one); ``size`` the bytes its layers
+    take on disk, ``shared_size`` the part of it in layers other images use
+    too."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    id: str
+    digest: str = ""
+    platform: str
+    size: int
+    shared_size: int
+    layers: int
+    pulled: datetime
+
+
+class SandboxPullProgress(BaseModel):
+    """One event of a pull. ``layer`` is the digest of the layer the event
+    is about ("" for the whole image); ``done`` and ``total`` its bytes
+    fetched and its size, compressed (0 when not known); ``digest`` the
+    manifest digest (on "resolved" and "complete")."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ref: str
+    status: SandboxPullStatus
+    layer: str = ""
+    done: int = 0
+    total: int = 0
+    digest: str = ""
+
+
+class SandboxPruneResult(BaseModel):
+    """What a prune removed: the layers no image used, and their bytes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    layers: int
+    bytes: int
+
+
 __all__ = [
     "ExecResult",
     "SandboxDurability",
+    "SandboxImageInfo",
     "SandboxIsolation",
     "SandboxNetwork",
+    "SandboxPruneResult",
+    "SandboxPullProgress",
+    "SandboxPullStatus",
     "SandboxSessionInfo",
     "SandboxSessionSpec",
     "SandboxStreamChunk",
