@@ -78,6 +78,7 @@
 package container
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -317,7 +318,12 @@ type provider struct {
 	fenceMu  sync.Mutex
 	opFences operatorFences // guarded by fenceMu
 
-	faults func(id, step string) error // a test's failures of create steps; nil: none
+	faults     func(id, step string) error              // a test's failures of create steps; nil: none
+	testLayers func(img imagestore.Image) []string // a test's layers of an image's sessions; nil: the image's
+
+	pulls      pullGroup          // one pull per reference among the creates
+	pullCtx    context.Context    // the creates' pulls run in it: they outlive the create that began one
+	pullCancel context.CancelFunc // ends them, at Close
 
 	recoverMu sync.Mutex
 	recovered bool        // Recover has begun; guarded by recoverMu
@@ -337,6 +343,9 @@ func newProvider(opts Options) (_ *provider, err error) {
 	}
 	if opts.UserNamespace == "" {
 		opts.UserNamespace = DefaultUserNamespace
+	}
+	if opts.Pull, err = validPull(opts.Pull); err != nil {
+		return nil, fmt.Errorf("container: %w", err)
 	}
 	if err := sessnet.ValidateFences(sessnet.Fences{Allow: opts.EgressAllow, Deny: opts.EgressDeny}); err != nil {
 		return nil, fmt.Errorf("container: egress fences: %w", err)
@@ -381,6 +390,7 @@ func newProvider(opts Options) (_ *provider, err error) {
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
+	p.pullCtx, p.pullCancel = context.WithCancel(context.Background())
 	for _, d := range []string{p.sessDir, p.perDir, p.diskDir, filepath.Join(p.perDir, wsMountDir)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("container: state directory: %w", err)
@@ -459,6 +469,7 @@ func agentBinary(name string) (agentLoad, error) {
 func (p *provider) Close() error {
 	var errs []error
 	p.closeOnce.Do(func() {
+		p.pullCancel()
 		errs = append(errs, p.closeEgress())
 		if p.pool != nil {
 			p.pool.close()
@@ -485,6 +496,7 @@ func (p *provider) Close() error {
 // sessions' locks.
 func (p *provider) Abandon() {
 	p.closeOnce.Do(func() {
+		p.pullCancel()
 		if p.pool != nil {
 			p.pool.abandon()
 		}
@@ -517,9 +529,11 @@ func (p *provider) Check(spec sandbox.SessionSpec) error {
 		return &sandbox.SpecRejectedError{Field: field, Reason: sandbox.ReasonUnenforceable, Message: fmt.Sprintf(format, args...)}
 	}
 	if spec.Image != sandbox.HostImage {
-		if _, err := p.images.Get(spec.Image); err != nil {
+		// An image the store lacks is the create's to pull, unless the
+		// policy says never.
+		if _, err := p.images.Get(spec.Image); err != nil && (p.opts.Pull == PullNever || !errors.Is(err, imagestore.ErrNotFound)) {
 			if errors.Is(err, imagestore.ErrNotFound) {
-				return no("image", "image %q is not in the local store (%s); import it with `tai42 image import FILE --name %s`, or use %q", spec.Image, p.images.Dir(), spec.Image, sandbox.HostImage)
+				return no("image", "image %q is not in the local store (%s) and the pull policy is %s: pull it (`tai42 image pull %s`), import it (`tai42 image import FILE --name %s`), or use %q", spec.Image, p.images.Dir(), PullNever, spec.Image, spec.Image, sandbox.HostImage)
 			}
 			return no("image", "image %q: %v", spec.Image, err)
 		}

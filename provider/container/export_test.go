@@ -12,6 +12,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/tai42/sandbox/internal/imagestore"
 	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/kit"
 )
@@ -142,3 +143,20 @@ func KeptTeardown(remap bool) []string {
 	r.keptTeardown(sessionHandle{Remap: remap}, mounted)
 	return r.teardown.Steps()
 }
+
+// SetImageLayers has the sessions the provider of sb makes of a store
+// image stack layers(img) instead of the image's own layers (lowest
+// first): how a test gives a session an image of many layers before the
+// store unpacks them apart. nil turns it off. Set it while no create runs.
+func SetImageLayers(sb *kit.Sandbox, layers func(img imagestore.Image) []string) {
+	sb.Provider().(*provider).testLayers = layers
+}
+
+// MountOverlay and MountOverlayOptions mount an overlay of lowers (lowest
+// first) as a session's root is mounted: with the new mount API, one
+// lowerdir+ per layer, and with mount(2)'s one option string, which
+// kernels without lowerdir+ get.
+var (
+	MountOverlay        = mountOverlay
+	MountOverlayOptions = mountOverlayOptions
+)

@@ -421,7 +421,7 @@ func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, 
 		if img.ID != h.Image {
 			return nil, fmt.Errorf("its image %q is now %s, not %s, which its root was made of (it was imported again since)", k.Spec.Image, img.ID, h.Image)
 		}
-		env = img.Env
+		env, r.user = img.Env, img.User
 	}
 	r.env = baseEnv(env)
 
@@ -538,12 +538,11 @@ func (p *provider) removeLeft(ctx context.Context, rts *runtimes, id string) err
 		}
 	}
 	unmounted := true
-	for _, m := range []string{
+	for _, m := range append([]string{
 		filepath.Join(dir, "rootfs"),
 		filepath.Join(rootsDir, id, "rootfs"),
 		filepath.Join(dir, "sys"),
-		filepath.Join(dir, "lower"),
-	} {
+	}, lowerMounts(dir)...) {
 		if err := p.unmountEverywhere(m); err != nil {
 			errs = append(errs, err)
 			unmounted = false
