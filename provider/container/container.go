@@ -318,7 +318,7 @@ type provider struct {
 	fenceMu  sync.Mutex
 	opFences operatorFences // guarded by fenceMu
 
-	faults     func(id, step string) error              // a test's failures of create steps; nil: none
+	faults     func(id, step string) error         // a test's failures of create steps; nil: none
 	testLayers func(img imagestore.Image) []string // a test's layers of an image's sessions; nil: the image's
 
 	pulls      pullGroup          // one pull per reference among the creates

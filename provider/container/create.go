@@ -116,8 +116,8 @@ type creation struct {
 	req kit.CreateRequest
 	r   *session
 
-	owner       int    // the host uid (and gid) of root in the session
-	upper, work string // the root overlay's upper and work directories
+	owner       int      // the host uid (and gid) of root in the session
+	upper, work string   // the root overlay's upper and work directories
 	lowers      []string // its lower layers, lowest first: the image's, or their idmapped views
 	binds       []bind
 	resolvConf  string
