@@ -318,8 +318,8 @@ type provider struct {
 	fenceMu  sync.Mutex
 	opFences operatorFences // guarded by fenceMu
 
-	faults     func(id, step string) error         // a test's failures of create steps; nil: none
-	testLayers func(img imagestore.Image) []string // a test's layers of an image's sessions; nil: the image's
+	faults    func(id, step string) error             // a test's failures of create steps; nil: none
+	testImage func(imagestore.Image) imagestore.Image // a test's change of the images sessions see; nil: none
 
 	pulls      pullGroup          // one pull per reference among the creates
 	pullCtx    context.Context    // the creates' pulls run in it: they outlive the create that began one

@@ -280,7 +280,7 @@ func (c *creation) image() (undo.Func, error) {
 		return nil, err
 	}
 	r.release, r.imageID, r.user = release, img.ID, img.User
-	c.lowers, r.env = p.layersOf(img), baseEnv(img.Env)
+	c.lowers, r.env = img.Layers, baseEnv(img.Env)
 	return r.releaseImage, nil
 }
 

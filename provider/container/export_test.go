@@ -149,7 +149,21 @@ func KeptTeardown(remap bool) []string {
 // first): how a test gives a session an image of many layers before the
 // store unpacks them apart. nil turns it off. Set it while no create runs.
 func SetImageLayers(sb *kit.Sandbox, layers func(img imagestore.Image) []string) {
-	sb.Provider().(*provider).testLayers = layers
+	if layers == nil {
+		SetImage(sb, nil)
+		return
+	}
+	SetImage(sb, func(img imagestore.Image) imagestore.Image {
+		img.Layers = layers(img)
+		return img
+	})
+}
+
+// SetImage has the sessions the provider of sb makes (or brings back) of
+// a store image see change(img) instead of the store's image: its layers,
+// its config. nil turns it off. Set it while no create runs.
+func SetImage(sb *kit.Sandbox, change func(imagestore.Image) imagestore.Image) {
+	sb.Provider().(*provider).testImage = change
 }
 
 // MountOverlay and MountOverlayOptions mount an overlay of lowers (lowest

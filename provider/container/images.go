@@ -50,6 +50,7 @@ func (p *provider) acquireImage(ctx context.Context, name string) (imagestore.Im
 		}
 		img, release, err = p.images.Acquire(name)
 	}
+	img = p.testedImage(img)
 	if err != nil {
 		if errors.Is(err, imagestore.ErrNotFound) && p.opts.Pull == PullNever {
 			return imagestore.Image{}, nil, reject("%v, and the pull policy is %s: pull it first (`tai42 image pull %s`) or import it", err, PullNever, name)
@@ -74,11 +75,22 @@ func (p *provider) pullShared(ctx context.Context, ref string) error {
 		key = canon
 	}
 	ch := p.pulls.DoChan(key, func() (any, error) {
+		if p.opts.Pull == PullMissing {
+			// A create that found the store lacking it may come once the
+			// pull that got it is over: that one was the pull.
+			if _, err := p.images.Get(ref); err == nil {
+				return nil, nil
+			}
+		}
 		_, err := p.pull(p.pullCtx, ref, sandbox.PullOptions{}, "create")
 		return nil, err
 	})
 	select {
 	case res := <-ch:
+		var perr *sandbox.ImagePullError
+		if errors.As(res.Err, &perr) {
+			return fmt.Errorf("pulling image %s failed (%s): %s", ref, perr.Reason, perr.Message)
+		}
 		return res.Err
 	case <-ctx.Done():
 		return fmt.Errorf("pulling %s: %w", ref, ctx.Err())
@@ -205,13 +217,13 @@ func imageInfo(img imagestore.Image) sandbox.ImageInfo {
 	}
 }
 
-// layersOf are the lower layers of a session of img, lowest first: its
-// layers, or what a test put in their stead.
-func (p *provider) layersOf(img imagestore.Image) []string {
-	if p.testLayers != nil {
-		return p.testLayers(img)
+// testedImage is img as a test has its sessions see it (more layers, a
+// config the store does not keep yet); img itself in production.
+func (p *provider) testedImage(img imagestore.Image) imagestore.Image {
+	if p.testImage != nil {
+		return p.testImage(img)
 	}
-	return img.Layers
+	return img
 }
 
 // pullGroup shares one pull per reference among a provider's creates.

@@ -348,6 +348,8 @@ func TestLayeredRecoverOldLayout(t *testing.T) {
 		if err := unix.Mount(img.Layers[0], lower, "", unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = unix.Unmount(lower, unix.MNT_DETACH) }) // left by a failure only
+
 	}
 	// Only kept is in the ledger the new provider reads.
 	if err := ledger.Delete(ctxFor(t), left.ID()); err != nil {
