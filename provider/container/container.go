@@ -14,8 +14,24 @@
 //     the host's system directories (/usr, /bin, /sbin, /lib*, the parts of
 //     /etc programs need) and nothing of its data: no home directories,
 //     /root, /var, /tmp or the daemon's state. Other images are OCI images
-//     imported into the local store (`tai42 image import`); a name the
-//     store lacks is rejected.
+//     of the local store, pulled from their registry (`tai42 image pull`,
+//     or by the create itself, see Options.Pull) or imported (`tai42 image
+//     import`). The overlay stacks the image's layers as they are stored,
+//     each unpacked once and shared by every image that has it (a
+//     whiteout a 0:0 character device, an opaque directory one with xattr
+//     trusted.overlay.opaque=y): its lower layers are the image's, top
+//     first, one fsconfig "lowerdir+" each, so that no number of layers
+//     meets mount(2)'s page of options (a kernel without lowerdir+, before
+//     Linux 6.8, gets them in one option string, which bounds them).
+//   - of its image's config: Env, the base of every exec's environment
+//     (with a PATH, HOME, TMPDIR and LANG where it sets none); User, the
+//     user of an exec that names none (as `docker exec` does; an exec
+//     naming a user runs as it, "root" or "0" included), and an image
+//     whose User is no valid exec user (sandbox.ValidUser: a user:group by
+//     names) is refused at create; not WorkingDir: an exec starts in the
+//     workspace unless its cwd says otherwise, as the contract has it; not
+//     Entrypoint nor Cmd: the agent is the container's PID 1, and the
+//     session runs what its execs ask, nothing else.
 //   - the workspace bind-mounted at /workspace (workspace_path says so), a
 //     private /tmp.
 //   - a disk cap (Options.DiskMB): the session's root upper layer, its
@@ -74,7 +90,12 @@
 // agent ended each when its connection dropped. A process an exec left
 // running (setsid, a background job) goes on until the session's destroy.
 // A provider given a network manager ([Options.Network]) cannot get a
-// kept session's network back, so it brings none back.
+// kept session's network back, so it brings none back. A kept session holds
+// its image again (an image pulled or imported again under its name since
+// is another, and the session is removed instead); its root overlay and
+// idmapped layers are left mounted as they are, and unmounted at its
+// destroy, a session of an earlier version's single idmapped image
+// included.
 package container
 
 import (
@@ -110,21 +131,25 @@ const Name = "container"
 // none.
 const DefaultPidsLimit = 1024
 
+// PullPolicy says when a create pulls its image (see Options.Pull).
+type PullPolicy string
+
+const (
+	// PullMissing pulls an image the store lacks (the default).
+	PullMissing PullPolicy = "missing"
+	// PullAlways pulls on every create: the registry is asked whether
+	// the reference names another image now.
+	PullAlways PullPolicy = "always"
+	// PullNever never pulls: an image the store lacks is rejected.
+	PullNever PullPolicy = "never"
+)
+
 // Options configure the container provider: the kit's, passed on to it,
 // those every provider takes, and its own. StateDir holds the sessions'
 // bundles and workspaces, the runtime's state and the image store
 // (<StateDir>/images). The Ledger (see [kit.Options.Ledger]): nil means
 // one in memory, and the provider then removes every session an earlier
 // run left; a durable one lets New bring back the sessions it holds live.
-// PullPolicy says when a create pulls its image (see Options.Pull).
-type PullPolicy string
-
-const (
-	PullMissing PullPolicy = "missing"
-	PullAlways  PullPolicy = "always"
-	PullNever   PullPolicy = "never"
-)
-
 type Options struct {
 	kit.Options
 	kit.ProviderOptions
@@ -179,7 +204,12 @@ type Options struct {
 	// Pull says when a create pulls its image from its registry: "" or
 	// PullMissing when the store lacks it, PullAlways on every create (a
 	// registry round trip; layers held are not fetched again), PullNever
-	// never (an image the store lacks is rejected).
+	// never (an image the store lacks is rejected). Creates of one image
+	// at once share one pull. A pull that fails fails the create with a
+	// *sandbox.SpecRejectedError of field "image" naming the reference
+	// and what the registry answered. Each pull is one line of the log
+	// (the reference, the digest, the bytes and layers fetched, the layers
+	// held already, how long it took). Another value is an error of New.
 	Pull PullPolicy
 	// Registry is how pulls reach registries (mirrors, insecure hosts,
 	// credentials, the stall timeout).
@@ -202,9 +232,10 @@ type Options struct {
 	// no privilege on the host. "" means [DefaultUserNamespace]; see
 	// [UserNamespaceMode] for the values, [RemapsUsers] for the outcome.
 	//
-	// A remapped session's root is an overlay whose lower layer is its
-	// image idmapped (files of host root show as root in the session; the
-	// image on disk is unchanged), its upper layer and workspace owned by
+	// A remapped session's root is an overlay whose lower layers are its
+	// image's, each idmapped (files of host root show as root in the
+	// session; the image on disk is unchanged), its upper layer and
+	// workspace owned by
 	// UserNamespaceBase on the host. The host image's read-only binds
 	// (/usr, ...) are not idmapped: their files show as nobody, readable
 	// and executable as before. /sys is the read-only sysfs of the
