@@ -344,6 +344,7 @@ func TestPullFails(t *testing.T) {
 	if !errors.As(err, &rej) || rej.Field != "image" || !strings.Contains(rej.Message, missing) || !strings.Contains(rej.Message, "NAME_UNKNOWN") {
 		t.Errorf("create of a missing repository: %v; want a SpecRejectedError naming %s and the registry's NAME_UNKNOWN", err, missing)
 	}
+	t.Logf("a create of a missing repository: %v", err)
 	_, err = imageManager(t, p).PullImage(ctxFor(t), missing, sandbox.PullOptions{})
 	var perr *sandbox.ImagePullError
 	if !errors.As(err, &perr) || perr.Reason != sandbox.PullNotFound {
@@ -352,6 +353,27 @@ func TestPullFails(t *testing.T) {
 	sess := p.session(t, spec(ref, sandbox.NetworkNone))
 	if out := mustSh(t, sess, pulledScript); out != pulledWant {
 		t.Errorf("with the right credentials the image shows %q; want %q", out, pulledWant)
+	}
+}
+
+// TestPullUnreachable: a create whose registry is gone is a
+// SpecRejectedError naming the reference; PullImage's reason is
+// unreachable.
+func TestPullUnreachable(t *testing.T) {
+	reg := newTestRegistry(t, "", "")
+	p, _ := pullProvider(t, "", reg)
+	srv := httptest.NewServer(http.NotFoundHandler())
+	ref := strings.TrimPrefix(srv.URL, "http://") + "/gone:v1"
+	srv.Close()
+	_, err := p.sb.CreateSession(ctxFor(t), spec(ref, sandbox.NetworkNone))
+	var rej *sandbox.SpecRejectedError
+	if !errors.As(err, &rej) || rej.Field != "image" || !strings.Contains(rej.Message, ref) || !strings.Contains(rej.Message, "connection refused") {
+		t.Errorf("create of an image of a registry that is gone: %v; want a SpecRejectedError naming %s and the refused connection", err, ref)
+	}
+	_, err = imageManager(t, p).PullImage(ctxFor(t), ref, sandbox.PullOptions{})
+	var perr *sandbox.ImagePullError
+	if !errors.As(err, &perr) || perr.Reason != sandbox.PullUnreachable {
+		t.Errorf("PullImage from a registry that is gone: %v; want reason %s", err, sandbox.PullUnreachable)
 	}
 }
 
