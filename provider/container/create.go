@@ -353,7 +353,7 @@ func (r *session) unmountLowers(context.Context) error {
 	})
 	if err != nil {
 		r.stuck = true
-		return fmt.Errorf("unmount the session's idmapped image: %w", err)
+		return fmt.Errorf("unmount the idmapped layers of the session's image: %w", err)
 	}
 	return nil
 }

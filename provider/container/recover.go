@@ -132,7 +132,7 @@ func inUserNS(remap bool) string {
 // once checked to be that container's, then the runtime's delete, with the
 // binary of the runtime whose state holds it, or, when that runtime is no
 // longer installed, the state entry itself), the root overlay, the
-// idmapped image and the sysfs (unmounted in this process's mount
+// idmapped layers of its image and the sysfs (unmounted in this process's mount
 // namespace and in the runtime's), the root's mount point under rootsDir,
 // the cgroup, and the bundle with its ephemeral workspace. Then the
 // runtimes' state entries no bundle names (their containers, likewise);
