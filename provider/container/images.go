@@ -38,15 +38,22 @@ func (p *provider) acquireImage(ctx context.Context, name string) (imagestore.Im
 	reject := func(format string, args ...any) error {
 		return &sandbox.SpecRejectedError{Field: "image", Reason: sandbox.ReasonUnenforceable, Message: fmt.Sprintf(format, args...)}
 	}
+	pullErr := func(err error, why string) error {
+		var gave *createGaveUp
+		if errors.As(err, &gave) {
+			return gave // the create's own end, not the spec's fault
+		}
+		return reject("%v (pull policy %s%s)", err, p.opts.Pull, why)
+	}
 	if p.opts.Pull == PullAlways {
 		if err := p.pullShared(ctx, name); err != nil {
-			return imagestore.Image{}, nil, reject("%v (pull policy %s)", err, p.opts.Pull)
+			return imagestore.Image{}, nil, pullErr(err, "")
 		}
 	}
 	img, release, err := p.images.Acquire(name)
 	if errors.Is(err, imagestore.ErrNotFound) && p.opts.Pull == PullMissing {
 		if err := p.pullShared(ctx, name); err != nil {
-			return imagestore.Image{}, nil, reject("%v (pull policy %s: the store lacked it)", err, p.opts.Pull)
+			return imagestore.Image{}, nil, pullErr(err, ": the store lacked it")
 		}
 		img, release, err = p.images.Acquire(name)
 	}
@@ -93,9 +100,21 @@ func (p *provider) pullShared(ctx context.Context, ref string) error {
 		}
 		return res.Err
 	case <-ctx.Done():
-		return fmt.Errorf("pulling %s: %w", ref, ctx.Err())
+		return &createGaveUp{ref: ref, err: ctx.Err()}
 	}
 }
+
+// createGaveUp is a create's context ending while its image was pulled:
+// the pull goes on for the others that wait for it.
+type createGaveUp struct {
+	ref string
+	err error
+}
+
+func (e *createGaveUp) Error() string {
+	return fmt.Sprintf("the create ended while its image %s was pulled (the pull goes on): %v", e.ref, e.err)
+}
+func (e *createGaveUp) Unwrap() error { return e.err }
 
 // pull is every pull of the provider (a create's, PullImage's): the
 // store's, logged once. Its error is a *sandbox.ImagePullError.

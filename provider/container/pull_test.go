@@ -8,6 +8,7 @@ package container_test
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -488,5 +489,40 @@ func TestPullPolicyInvalid(t *testing.T) {
 	opts.Pull = "sometimes"
 	if _, err := container.New(opts); err == nil || !strings.Contains(err.Error(), `"sometimes"`) || !strings.Contains(err.Error(), "missing") {
 		t.Errorf("New with pull policy sometimes: %v; want an error naming it and the policies", err)
+	}
+}
+
+// TestPullOutlivesCreate: a create that gives up (its context ends) while
+// its image is pulled fails with its context's error, not a rejection of
+// its spec, and the pull goes on: the image lands in the store.
+func TestPullOutlivesCreate(t *testing.T) {
+	reg := newTestRegistry(t, "", "")
+	ref := reg.push(t, "layered:v1", layeredImage(t, nil))
+	reg.delay = time.Second
+	p, _ := pullProvider(t, "", reg)
+	ctx, cancel := context.WithTimeout(ctxFor(t), 200*time.Millisecond)
+	defer cancel()
+	_, err := p.sb.CreateSession(ctx, spec(ref, sandbox.NetworkNone))
+	var rej *sandbox.SpecRejectedError
+	if !errors.Is(err, context.DeadlineExceeded) || errors.As(err, &rej) {
+		t.Errorf("a create whose context ends during its pull: %v; want its context's error, not a SpecRejectedError", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		imgs, err := imageManager(t, p).ListImages(ctxFor(t))
+		if err == nil && len(imgs) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pull the create began did not finish: %+v, %v", imgs, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	sess := p.session(t, spec(ref, sandbox.NetworkNone))
+	if out := mustSh(t, sess, pulledScript); out != pulledWant {
+		t.Errorf("the image the pull got shows %q; want %q", out, pulledWant)
+	}
+	if n := reg.manifests.Load(); n != 1 {
+		t.Errorf("%d manifest GETs; want the one pull's", n)
 	}
 }
