@@ -24,8 +24,8 @@ import (
 	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
-// layerFile is one entry of a hand-made layer in overlayfs's format.
-type layerFile struct {
+// handFile is one entry of a hand-made layer in overlayfs's format.
+type handFile struct {
 	path     string
 	content  string // a regular file's
 	dir      bool
@@ -34,8 +34,8 @@ type layerFile struct {
 	uid      int
 }
 
-// writeLayer makes dir a layer of files.
-func writeLayer(t testing.TB, dir string, files []layerFile) {
+// writeHandLayer makes dir a layer of files.
+func writeHandLayer(t testing.TB, dir string, files []handFile) {
 	t.Helper()
 	for _, f := range files {
 		p := filepath.Join(dir, f.path)
@@ -66,28 +66,28 @@ func writeLayer(t testing.TB, dir string, files []layerFile) {
 // the first (and one of the base, /etc/base-gone), and makes /opt/opq
 // opaque, hiding the first's /opt/opq/old.
 var (
-	layer1 = []layerFile{
+	handLayer1 = []handFile{
 		{path: "etc/layer1", content: "one"},
 		{path: "etc/gone", content: "deleted above"},
 		{path: "opt/opq/old", content: "hidden above"},
 		{path: "opt/owned", content: "uid 1000", uid: 1000},
 	}
-	layer2 = []layerFile{
+	handLayer2 = []handFile{
 		{path: "etc/layer2", content: "two"},
 		{path: "etc/gone", whiteout: true},
 		{path: "etc/base-gone", whiteout: true},
 		{path: "opt/opq", dir: true, opaque: true},
 		{path: "opt/opq/new", content: "new"},
 	}
-	// baseLayer is what a hand-made base holds.
-	baseLayer = []layerFile{
+	// handBase is what a hand-made base holds.
+	handBase = []handFile{
 		{path: "etc/base", content: "zero"},
 		{path: "etc/base-gone", content: "deleted above"},
 		{path: "etc/layer1", content: "overwritten above"},
 	}
 )
 
-// layeredView is what a root of base, layer1 and layer2 shows: the check's
+// layeredView is what a root of base, handLayer1 and handLayer2 shows: the check's
 // script and the output it must print.
 const (
 	layeredScript = `cat /etc/layer1 /etc/layer2; echo; ls -a /etc | grep -c gone; ls -a /opt/opq; stat -c %u:%g /etc/layer2 /opt/owned`
@@ -108,8 +108,8 @@ func TestMountOverlayLayers(t *testing.T) {
 		t.Run(m.name, func(t *testing.T) {
 			dir := t.TempDir()
 			lowers := []string{filepath.Join(dir, "l0"), filepath.Join(dir, "l1"), filepath.Join(dir, "l2")}
-			for i, files := range [][]layerFile{baseLayer, layer1, layer2} {
-				writeLayer(t, lowers[i], files)
+			for i, files := range [][]handFile{handBase, handLayer1, handLayer2} {
+				writeHandLayer(t, lowers[i], files)
 			}
 			root := mountTest(t, dir, lowers, m.mount)
 			if b, err := os.ReadFile(filepath.Join(root, "etc/layer1")); err != nil || string(b) != "one" {
@@ -134,7 +134,7 @@ func TestMountOverlayLayers(t *testing.T) {
 		var lowers []string
 		for i := range 40 {
 			l := filepath.Join(dir, fmt.Sprintf("%s-%02d", long, i))
-			writeLayer(t, l, []layerFile{{path: "top", content: fmt.Sprint(i)}, {path: fmt.Sprintf("f%02d", i), content: "x"}})
+			writeHandLayer(t, l, []handFile{{path: "top", content: fmt.Sprint(i)}, {path: fmt.Sprintf("f%02d", i), content: "x"}})
 			lowers = append(lowers, l)
 		}
 		err := container.MountOverlayOptions(lowers, filepath.Join(dir, "u"), filepath.Join(dir, "w"), dir)
@@ -173,7 +173,7 @@ func mountTest(t *testing.T, dir string, lowers []string, mount func(lowers []st
 	return root
 }
 
-// layeredDirs writes layer1 and layer2 in directories of t, lowest first.
+// layeredDirs writes handLayer1 and handLayer2 in directories of t, lowest first.
 func layeredDirs(t *testing.T) []string {
 	t.Helper()
 	dir := t.TempDir()
@@ -182,8 +182,8 @@ func layeredDirs(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	layers := []string{filepath.Join(dir, "1"), filepath.Join(dir, "2")}
-	writeLayer(t, layers[0], layer1)
-	writeLayer(t, layers[1], layer2)
+	writeHandLayer(t, layers[0], handLayer1)
+	writeHandLayer(t, layers[1], handLayer2)
 	return layers
 }
 
@@ -226,7 +226,7 @@ func TestLayeredSession(t *testing.T) {
 	})
 }
 
-// stackLayers has sb's sessions of a store image stack layer1 and layer2
+// stackLayers has sb's sessions of a store image stack handLayer1 and handLayer2
 // (in directories of t) over the image's own layers.
 func stackLayers(t *testing.T, sb *kit.Sandbox) func(imagestore.Image) []string {
 	t.Helper()

@@ -40,9 +40,9 @@ import (
 	"github.com/tai42/sandbox/provider/container/containertest"
 )
 
-// testRegistry is an in-process registry on 127.0.0.1 that counts the
+// memRegistry is an in-process registry on 127.0.0.1 that counts the
 // manifest requests it serves, and may demand basic auth.
-type testRegistry struct {
+type memRegistry struct {
 	host      string
 	manifests atomic.Int64 // GETs of manifests
 	delay     time.Duration
@@ -50,11 +50,11 @@ type testRegistry struct {
 	pass      string
 }
 
-// newTestRegistry starts a registry, stopped at the end of t; user and
+// newMemRegistry starts a registry, stopped at the end of t; user and
 // pass, when set, are the only credentials it takes.
-func newTestRegistry(t *testing.T, user, pass string) *testRegistry {
+func newMemRegistry(t *testing.T, user, pass string) *memRegistry {
 	t.Helper()
-	r := &testRegistry{user: user, pass: pass}
+	r := &memRegistry{user: user, pass: pass}
 	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if r.user != "" {
@@ -78,7 +78,7 @@ func newTestRegistry(t *testing.T, user, pass string) *testRegistry {
 }
 
 // push writes img to the registry as repo:tag and returns the reference.
-func (r *testRegistry) push(t *testing.T, repo string, img v1.Image) string {
+func (r *memRegistry) push(t *testing.T, repo string, img v1.Image) string {
 	t.Helper()
 	ref := r.host + "/" + repo
 	tag, err := name.NewTag(ref, name.Insecure)
@@ -96,9 +96,9 @@ func (r *testRegistry) push(t *testing.T, repo string, img v1.Image) string {
 	return ref
 }
 
-// tarLayer is a layer of files (path -> content; content "" with a path
+// memTarLayer is a layer of files (path -> content; content "" with a path
 // ending in '/' is a directory).
-func tarLayer(t *testing.T, files ...[2]string) v1.Layer {
+func memTarLayer(t *testing.T, files ...[2]string) v1.Layer {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -125,17 +125,17 @@ func tarLayer(t *testing.T, files ...[2]string) v1.Layer {
 	return l
 }
 
-// layeredImage is busybox and two layers, the OCI way: the second deletes
+// memLayeredImage is busybox and two layers, the OCI way: the second deletes
 // a file of the first (a .wh. whiteout) and makes a directory opaque.
-func layeredImage(t *testing.T, cfg func(*v1.Config)) v1.Image {
+func memLayeredImage(t *testing.T, cfg func(*v1.Config)) v1.Image {
 	t.Helper()
 	base, err := imagestoretest.BusyboxImage()
 	if err != nil {
 		t.Fatal(err)
 	}
 	img, err := mutate.AppendLayers(base,
-		tarLayer(t, [2]string{"etc/layer1", "one"}, [2]string{"etc/gone", "deleted above"}, [2]string{"opt/", ""}, [2]string{"opt/opq/", ""}, [2]string{"opt/opq/old", "hidden above"}),
-		tarLayer(t, [2]string{"etc/layer2", "two"}, [2]string{"etc/.wh.gone", ""}, [2]string{"opt/opq/", ""}, [2]string{"opt/opq/.wh..wh..opq", ""}, [2]string{"opt/opq/new", "new"}),
+		memTarLayer(t, [2]string{"etc/layer1", "one"}, [2]string{"etc/gone", "deleted above"}, [2]string{"opt/", ""}, [2]string{"opt/opq/", ""}, [2]string{"opt/opq/old", "hidden above"}),
+		memTarLayer(t, [2]string{"etc/layer2", "two"}, [2]string{"etc/.wh.gone", ""}, [2]string{"opt/opq/", ""}, [2]string{"opt/opq/.wh..wh..opq", ""}, [2]string{"opt/opq/new", "new"}),
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -154,25 +154,25 @@ func layeredImage(t *testing.T, cfg func(*v1.Config)) v1.Image {
 	return img
 }
 
-// pulledView is what a session of layeredImage shows of its layers.
+// pulledView is what a session of memLayeredImage shows of its layers.
 const (
 	pulledScript = `cat /etc/layer1 /etc/layer2; echo; ls -a /etc | grep -c gone; ls /opt/opq`
 	pulledWant   = "onetwo\n0\nnew\n"
 )
 
-// logBuffer is a logger's output, safe for concurrent writes.
-type logBuffer struct {
+// pullLogs is a logger's output, safe for concurrent writes.
+type pullLogs struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *logBuffer) Write(p []byte) (int, error) {
+func (b *pullLogs) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *logBuffer) String() string {
+func (b *pullLogs) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
@@ -181,9 +181,9 @@ func (b *logBuffer) String() string {
 // pullProvider makes a provider (runc, no user namespace) with a store of
 // its own, pull policy pull, the registry reg reached over plain HTTP, and
 // its log in the returned buffer.
-func pullProvider(t *testing.T, pull container.PullPolicy, reg *testRegistry) (*testProvider, *logBuffer) {
+func pullProvider(t *testing.T, pull container.PullPolicy, reg *memRegistry) (*testProvider, *pullLogs) {
 	t.Helper()
-	logs := &logBuffer{}
+	logs := &pullLogs{}
 	p := newProviderMode(t, "runc", container.UserNamespaceOff, func(o *container.Options) {
 		o.Images = t.TempDir()
 		o.Pull = pull
@@ -194,7 +194,7 @@ func pullProvider(t *testing.T, pull container.PullPolicy, reg *testRegistry) (*
 }
 
 // pullLines are the log's lines about pulls.
-func pullLines(logs *logBuffer) []string {
+func pullLines(logs *pullLogs) []string {
 	var out []string
 	for line := range strings.Lines(logs.String()) {
 		if strings.Contains(line, "image pull") {
@@ -209,8 +209,8 @@ func pullLines(logs *logBuffer) []string {
 // three layers applied (whiteout, opaque directory); the next create pulls
 // nothing; the pull is one log line naming the reference and its digest.
 func TestPullOnCreate(t *testing.T) {
-	reg := newTestRegistry(t, "", "")
-	ref := reg.push(t, "layered:v1", layeredImage(t, nil))
+	reg := newMemRegistry(t, "", "")
+	ref := reg.push(t, "layered:v1", memLayeredImage(t, nil))
 	p, logs := pullProvider(t, "", reg)
 	for i := range 2 {
 		sess := p.session(t, spec(ref, sandbox.NetworkNone))
@@ -225,7 +225,7 @@ func TestPullOnCreate(t *testing.T) {
 	if len(lines) != 1 || !strings.Contains(lines[0], "ref="+ref) || !strings.Contains(lines[0], "digest=") || !strings.Contains(lines[0], "duration=") {
 		t.Errorf("the log's pull lines: %q; want one naming ref %s, its digest and duration", lines, ref)
 	}
-	imgs, err := imageManager(t, p).ListImages(ctxFor(t))
+	imgs, err := providerImages(t, p).ListImages(ctxFor(t))
 	if err != nil || len(imgs) != 1 || imgs[0].Name != ref || imgs[0].ID == "" || imgs[0].Layers < 1 {
 		t.Errorf("ListImages: %+v, %v; want the one image %s", imgs, err, ref)
 	}
@@ -235,8 +235,8 @@ func TestPullOnCreate(t *testing.T) {
 // is a SpecRejectedError naming the image and the policy, and nothing is
 // asked of the registry.
 func TestPullNever(t *testing.T) {
-	reg := newTestRegistry(t, "", "")
-	ref := reg.push(t, "layered:v1", layeredImage(t, nil))
+	reg := newMemRegistry(t, "", "")
+	ref := reg.push(t, "layered:v1", memLayeredImage(t, nil))
 	p, _ := pullProvider(t, container.PullNever, reg)
 	_, err := p.sb.CreateSession(ctxFor(t), spec(ref, sandbox.NetworkNone))
 	var rej *sandbox.SpecRejectedError
@@ -252,8 +252,8 @@ func TestPullNever(t *testing.T) {
 // again (one manifest GET each), and a new push under the tag is what the
 // next session runs.
 func TestPullAlways(t *testing.T) {
-	reg := newTestRegistry(t, "", "")
-	ref := reg.push(t, "layered:v1", layeredImage(t, nil))
+	reg := newMemRegistry(t, "", "")
+	ref := reg.push(t, "layered:v1", memLayeredImage(t, nil))
 	p, logs := pullProvider(t, container.PullAlways, reg)
 	for i := range 2 {
 		sess := p.session(t, spec(ref, sandbox.NetworkNone))
@@ -262,7 +262,7 @@ func TestPullAlways(t *testing.T) {
 			t.Errorf("after create %d: %d manifest GETs; want %d (one per create)", i, n, i+1)
 		}
 	}
-	reg.push(t, "layered:v1", layeredImage(t, func(c *v1.Config) { c.Env = append(c.Env, "TAI42_VERSION=2") }))
+	reg.push(t, "layered:v1", memLayeredImage(t, func(c *v1.Config) { c.Env = append(c.Env, "TAI42_VERSION=2") }))
 	sess := p.session(t, spec(ref, sandbox.NetworkNone))
 	if out := mustSh(t, sess, `echo "$TAI42_VERSION"`); out != "2\n" {
 		t.Errorf("a create after a new push of the tag runs env TAI42_VERSION=%q; want the new image's 2", out)
@@ -274,8 +274,8 @@ func TestPullAlways(t *testing.T) {
 
 // TestPullShared: concurrent creates of one missing image share one pull.
 func TestPullShared(t *testing.T) {
-	reg := newTestRegistry(t, "", "")
-	ref := reg.push(t, "layered:v1", layeredImage(t, nil))
+	reg := newMemRegistry(t, "", "")
+	ref := reg.push(t, "layered:v1", memLayeredImage(t, nil))
 	reg.delay = 300 * time.Millisecond // the creates all come while it is pulled
 	p, logs := pullProvider(t, "", reg)
 	const n = 4
@@ -309,9 +309,9 @@ func TestPullShared(t *testing.T) {
 // and the registry's answer; the credential is in no error and no log line.
 func TestPullFails(t *testing.T) {
 	const secret = "Tai42-Distinctive-s3cret"
-	reg := newTestRegistry(t, "tai42", "the-right-one")
-	ref := reg.push(t, "layered:v1", layeredImage(t, nil))
-	dockerConfig(t, reg.host, "tai42", secret)
+	reg := newMemRegistry(t, "tai42", "the-right-one")
+	ref := reg.push(t, "layered:v1", memLayeredImage(t, nil))
+	pullDockerConfig(t, reg.host, "tai42", secret)
 	p, logs := pullProvider(t, "", reg)
 	for _, c := range []struct {
 		name, ref, answer string
@@ -325,7 +325,7 @@ func TestPullFails(t *testing.T) {
 			if !errors.As(err, &rej) || rej.Field != "image" || rej.Reason != sandbox.ReasonUnenforceable || !strings.Contains(rej.Message, c.ref) || !strings.Contains(rej.Message, c.answer) {
 				t.Errorf("create: %v; want a SpecRejectedError of field image naming %s and %q", err, c.ref, c.answer)
 			}
-			_, err = imageManager(t, p).PullImage(ctxFor(t), c.ref, sandbox.PullOptions{})
+			_, err = providerImages(t, p).PullImage(ctxFor(t), c.ref, sandbox.PullOptions{})
 			var perr *sandbox.ImagePullError
 			if !errors.As(err, &perr) || perr.Reason != c.reason || perr.Ref != c.ref {
 				t.Errorf("PullImage: %v; want an ImagePullError of reason %s", err, c.reason)
@@ -338,7 +338,7 @@ func TestPullFails(t *testing.T) {
 		})
 	}
 	// The same registry with the right credentials: an unknown repository.
-	dockerConfig(t, reg.host, "tai42", "the-right-one")
+	pullDockerConfig(t, reg.host, "tai42", "the-right-one")
 	missing := reg.host + "/nothing-here:v1"
 	_, err := p.sb.CreateSession(ctxFor(t), spec(missing, sandbox.NetworkNone))
 	var rej *sandbox.SpecRejectedError
@@ -346,7 +346,7 @@ func TestPullFails(t *testing.T) {
 		t.Errorf("create of a missing repository: %v; want a SpecRejectedError naming %s and the registry's NAME_UNKNOWN", err, missing)
 	}
 	t.Logf("a create of a missing repository: %v", err)
-	_, err = imageManager(t, p).PullImage(ctxFor(t), missing, sandbox.PullOptions{})
+	_, err = providerImages(t, p).PullImage(ctxFor(t), missing, sandbox.PullOptions{})
 	var perr *sandbox.ImagePullError
 	if !errors.As(err, &perr) || perr.Reason != sandbox.PullNotFound {
 		t.Errorf("PullImage of a missing repository: %v; want reason %s", err, sandbox.PullNotFound)
@@ -361,7 +361,7 @@ func TestPullFails(t *testing.T) {
 // SpecRejectedError naming the reference; PullImage's reason is
 // unreachable.
 func TestPullUnreachable(t *testing.T) {
-	reg := newTestRegistry(t, "", "")
+	reg := newMemRegistry(t, "", "")
 	p, _ := pullProvider(t, "", reg)
 	srv := httptest.NewServer(http.NotFoundHandler())
 	ref := strings.TrimPrefix(srv.URL, "http://") + "/gone:v1"
@@ -371,16 +371,16 @@ func TestPullUnreachable(t *testing.T) {
 	if !errors.As(err, &rej) || rej.Field != "image" || !strings.Contains(rej.Message, ref) || !strings.Contains(rej.Message, "connection refused") {
 		t.Errorf("create of an image of a registry that is gone: %v; want a SpecRejectedError naming %s and the refused connection", err, ref)
 	}
-	_, err = imageManager(t, p).PullImage(ctxFor(t), ref, sandbox.PullOptions{})
+	_, err = providerImages(t, p).PullImage(ctxFor(t), ref, sandbox.PullOptions{})
 	var perr *sandbox.ImagePullError
 	if !errors.As(err, &perr) || perr.Reason != sandbox.PullUnreachable {
 		t.Errorf("PullImage from a registry that is gone: %v; want reason %s", err, sandbox.PullUnreachable)
 	}
 }
 
-// dockerConfig points $DOCKER_CONFIG, for t, at a config giving user and
+// pullDockerConfig points $DOCKER_CONFIG, for t, at a config giving user and
 // pass for host.
-func dockerConfig(t *testing.T, host, user, pass string) {
+func pullDockerConfig(t *testing.T, host, user, pass string) {
 	t.Helper()
 	dir := t.TempDir()
 	auth := base64.StdEncoding.EncodeToString([]byte(user + ":" + pass))
@@ -391,8 +391,8 @@ func dockerConfig(t *testing.T, host, user, pass string) {
 	t.Setenv("DOCKER_CONFIG", dir)
 }
 
-// imageManager is p's sandbox.ImageManager: the provider's own.
-func imageManager(t *testing.T, p *testProvider) sandbox.ImageManager {
+// providerImages is p's sandbox.ImageManager: the provider's own.
+func providerImages(t *testing.T, p *testProvider) sandbox.ImageManager {
 	t.Helper()
 	im, ok := p.sb.Provider().(sandbox.ImageManager)
 	if !ok {
@@ -406,10 +406,10 @@ func imageManager(t *testing.T, p *testProvider) sandbox.ImageManager {
 // saying so, removed once it ends; a name not held is an
 // ImageNotFoundError; an invalid reference is reason invalid_reference.
 func TestImageManager(t *testing.T) {
-	reg := newTestRegistry(t, "", "")
-	ref := reg.push(t, "layered:v1", layeredImage(t, nil))
+	reg := newMemRegistry(t, "", "")
+	ref := reg.push(t, "layered:v1", memLayeredImage(t, nil))
 	p, logs := pullProvider(t, container.PullNever, reg)
-	im := imageManager(t, p)
+	im := providerImages(t, p)
 	info, err := im.PullImage(ctxFor(t), ref, sandbox.PullOptions{})
 	if err != nil || info.Name != ref || !strings.HasPrefix(info.ID, "sha256:") || info.Layers < 1 {
 		t.Fatalf("PullImage: %+v, %v", info, err)
@@ -454,12 +454,12 @@ func TestImageManager(t *testing.T) {
 // Entrypoint and Cmd are not run (the agent is PID 1). An image whose User
 // no exec could take is refused at create, naming it.
 func TestImageConfig(t *testing.T) {
-	reg := newTestRegistry(t, "", "")
-	ref := reg.push(t, "configured:v1", layeredImage(t, func(c *v1.Config) {
+	reg := newMemRegistry(t, "", "")
+	ref := reg.push(t, "configured:v1", memLayeredImage(t, func(c *v1.Config) {
 		c.User, c.WorkingDir = "1000", "/opt"
 		c.Entrypoint, c.Cmd = []string{"/bin/sh", "-c"}, []string{"echo ran > /etc/entrypoint-ran"}
 	}))
-	bad := reg.push(t, "baduser:v1", layeredImage(t, func(c *v1.Config) { c.User = "app:staff" }))
+	bad := reg.push(t, "baduser:v1", memLayeredImage(t, func(c *v1.Config) { c.User = "app:staff" }))
 	p, _ := pullProvider(t, "", reg)
 	// The image's User as the layered store hands it on from the config
 	// (the store this test runs on may not keep it yet).
@@ -496,8 +496,8 @@ func TestPullPolicyInvalid(t *testing.T) {
 // its image is pulled fails with its context's error, not a rejection of
 // its spec, and the pull goes on: the image lands in the store.
 func TestPullOutlivesCreate(t *testing.T) {
-	reg := newTestRegistry(t, "", "")
-	ref := reg.push(t, "layered:v1", layeredImage(t, nil))
+	reg := newMemRegistry(t, "", "")
+	ref := reg.push(t, "layered:v1", memLayeredImage(t, nil))
 	reg.delay = time.Second
 	p, _ := pullProvider(t, "", reg)
 	ctx, cancel := context.WithTimeout(ctxFor(t), 200*time.Millisecond)
@@ -509,7 +509,7 @@ func TestPullOutlivesCreate(t *testing.T) {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		imgs, err := imageManager(t, p).ListImages(ctxFor(t))
+		imgs, err := providerImages(t, p).ListImages(ctxFor(t))
 		if err == nil && len(imgs) == 1 {
 			break
 		}
