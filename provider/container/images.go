@@ -33,7 +33,8 @@ func validPull(pull PullPolicy) (PullPolicy, error) {
 // it first as the pull policy says: when the store lacks it (missing), on
 // every create (always), never (never). Concurrent creates of one name
 // share one pull. Every failure is a *sandbox.SpecRejectedError of field
-// "image" naming the image.
+// "image" naming the image, but the end of the create's own context
+// during a pull (a *createGaveUp, matching the context's error).
 func (p *provider) acquireImage(ctx context.Context, name string) (imagestore.Image, func(), error) {
 	reject := func(format string, args ...any) error {
 		return &sandbox.SpecRejectedError{Field: "image", Reason: sandbox.ReasonUnenforceable, Message: fmt.Sprintf(format, args...)}
