@@ -117,7 +117,7 @@ func (c *cli) imageCall(cmd *cobra.Command, t *imageTarget, reg imagestore.Regis
 		if err != nil {
 			return err
 		}
-		im = storeImages{s: s, registry: reg}
+		im = imagestore.Manager{Store: s, Registry: reg}
 	}
 	ctx, in, stop := c.interruptible()
 	defer stop()
@@ -197,7 +197,7 @@ is not a usable image; 1 for another failure (e.g. disk full).`,
 				return imageErr(err)
 			}
 			if asJSON {
-				return writeJSON(cmd.OutOrStdout(), imageInfo(img))
+				return writeJSON(cmd.OutOrStdout(), imagestore.Info(img))
 			}
 			return writeLines(cmd.OutOrStdout(), img.Name)
 		},

@@ -302,7 +302,7 @@ func TestImagePullErrors(t *testing.T) {
 // provider's sessions, the images of a local store.
 type imageSandbox struct {
 	*kit.Sandbox
-	images storeImages
+	images imagestore.Manager
 }
 
 // The image calls are imageSandbox's own, whatever kit.Sandbox has.
@@ -332,7 +332,7 @@ func startImageDaemon(t *testing.T, reg imagestore.RegistryOptions) *daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(imageSandbox{sb, storeImages{s: s, registry: reg}}, server.Options{Token: testToken, Provider: host.Name, Version: "test"})
+	srv, err := server.New(imageSandbox{sb, imagestore.Manager{Store: s, Registry: reg}}, server.Options{Token: testToken, Provider: host.Name, Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,8 +401,14 @@ func TestImageRemote(t *testing.T) {
 
 	// A daemon without images (the host runner alone).
 	plain := startDaemon(t)
-	r = plain.cli(t, nil, "image", "ls")
-	if r.code == exitOK || !strings.Contains(r.stderr, "image") {
-		t.Errorf("image ls on a daemon without images: exit %d, %q", r.code, r.stderr)
+	// It lists none (as a provider without workspaces lists none) and
+	// refuses a pull, naming the provider.
+	r = plain.cli(t, nil, "image", "ls", "-q")
+	if r.code != exitOK || r.stdout != "" {
+		t.Errorf("image ls on a daemon without images: exit %d, %q %q", r.code, r.stdout, r.stderr)
+	}
+	r = plain.cli(t, nil, "image", "pull", "x:1")
+	if r.code != exitFailure || !strings.Contains(r.stderr, "keeps no images") {
+		t.Errorf("image pull on a daemon without images: exit %d, %q", r.code, r.stderr)
 	}
 }

@@ -107,7 +107,7 @@ func TestImageEndToEnd(t *testing.T) {
 	}
 	r = runCLI(t, nil, env, "image", "rm", "busybox:test", "tools/box:1")
 	r.want(t, exitFailure)
-	if !strings.Contains(r.stderr, "busybox:test is not in the image store") {
+	if !strings.Contains(r.stderr, `no image "busybox:test" in the store`) {
 		t.Errorf("rm of a missing image: stderr %q", r.stderr)
 	}
 	if imgs := imageLs(t, env); len(imgs) != 0 {

@@ -14,8 +14,24 @@
 //     the host's system directories (/usr, /bin, /sbin, /lib*, the parts of
 //     /etc programs need) and nothing of its data: no home directories,
 //     /root, /var, /tmp or the daemon's state. Other images are OCI images
-//     imported into the local store (`tai42 image import`); a name the
-//     store lacks is rejected.
+//     of the local store, pulled from their registry (`tai42 image pull`,
+//     or by the create itself, see Options.Pull) or imported (`tai42 image
+//     import`). The overlay stacks the image's layers as they are stored,
+//     each unpacked once and shared by every image that has it (a
+//     whiteout a 0:0 character device, an opaque directory one with xattr
+//     trusted.overlay.opaque=y): its lower layers are the image's, top
+//     first, one fsconfig "lowerdir+" each, so that no number of layers
+//     meets mount(2)'s page of options (a kernel without lowerdir+, before
+//     Linux 6.8, gets them in one option string, which bounds them).
+//   - of its image's config: Env, the base of every exec's environment
+//     (with a PATH, HOME, TMPDIR and LANG where it sets none); User, the
+//     user of an exec that names none (as `docker exec` does; an exec
+//     naming a user runs as it, "root" or "0" included), and an image
+//     whose User is no valid exec user (sandbox.ValidUser: a user:group by
+//     names) is refused at create; not WorkingDir: an exec starts in the
+//     workspace unless its cwd says otherwise, as the contract has it; not
+//     Entrypoint nor Cmd: the agent is the container's PID 1, and the
+//     session runs what its execs ask, nothing else.
 //   - the workspace bind-mounted at /workspace (workspace_path says so), a
 //     private /tmp.
 //   - a disk cap (Options.DiskMB): the session's root upper layer, its
@@ -74,10 +90,16 @@
 // agent ended each when its connection dropped. A process an exec left
 // running (setsid, a background job) goes on until the session's destroy.
 // A provider given a network manager ([Options.Network]) cannot get a
-// kept session's network back, so it brings none back.
+// kept session's network back, so it brings none back. A kept session holds
+// its image again (an image pulled or imported again under its name since
+// is another, and the session is removed instead); its root overlay and
+// idmapped layers are left mounted as they are, and unmounted at its
+// destroy, a session of an earlier version's single idmapped image
+// included.
 package container
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -109,21 +131,25 @@ const Name = "container"
 // none.
 const DefaultPidsLimit = 1024
 
+// PullPolicy says when a create pulls its image (see Options.Pull).
+type PullPolicy string
+
+const (
+	// PullMissing pulls an image the store lacks (the default).
+	PullMissing PullPolicy = "missing"
+	// PullAlways pulls on every create: the registry is asked whether
+	// the reference names another image now.
+	PullAlways PullPolicy = "always"
+	// PullNever never pulls: an image the store lacks is rejected.
+	PullNever PullPolicy = "never"
+)
+
 // Options configure the container provider: the kit's, passed on to it,
 // those every provider takes, and its own. StateDir holds the sessions'
 // bundles and workspaces, the runtime's state and the image store
 // (<StateDir>/images). The Ledger (see [kit.Options.Ledger]): nil means
 // one in memory, and the provider then removes every session an earlier
 // run left; a durable one lets New bring back the sessions it holds live.
-// PullPolicy says when a create pulls its image (see Options.Pull).
-type PullPolicy string
-
-const (
-	PullMissing PullPolicy = "missing"
-	PullAlways  PullPolicy = "always"
-	PullNever   PullPolicy = "never"
-)
-
 type Options struct {
 	kit.Options
 	kit.ProviderOptions
@@ -178,7 +204,12 @@ type Options struct {
 	// Pull says when a create pulls its image from its registry: "" or
 	// PullMissing when the store lacks it, PullAlways on every create (a
 	// registry round trip; layers held are not fetched again), PullNever
-	// never (an image the store lacks is rejected).
+	// never (an image the store lacks is rejected). Creates of one image
+	// at once share one pull. A pull that fails fails the create with a
+	// *sandbox.SpecRejectedError of field "image" naming the reference
+	// and what the registry answered. Each pull is one line of the log
+	// (the reference, the digest, the bytes and layers fetched, the layers
+	// held already, how long it took). Another value is an error of New.
 	Pull PullPolicy
 	// Registry is how pulls reach registries (mirrors, insecure hosts,
 	// credentials, the stall timeout).
@@ -201,9 +232,10 @@ type Options struct {
 	// no privilege on the host. "" means [DefaultUserNamespace]; see
 	// [UserNamespaceMode] for the values, [RemapsUsers] for the outcome.
 	//
-	// A remapped session's root is an overlay whose lower layer is its
-	// image idmapped (files of host root show as root in the session; the
-	// image on disk is unchanged), its upper layer and workspace owned by
+	// A remapped session's root is an overlay whose lower layers are its
+	// image's, each idmapped (files of host root show as root in the
+	// session; the image on disk is unchanged), its upper layer and
+	// workspace owned by
 	// UserNamespaceBase on the host. The host image's read-only binds
 	// (/usr, ...) are not idmapped: their files show as nobody, readable
 	// and executable as before. /sys is the read-only sysfs of the
@@ -317,7 +349,12 @@ type provider struct {
 	fenceMu  sync.Mutex
 	opFences operatorFences // guarded by fenceMu
 
-	faults func(id, step string) error // a test's failures of create steps; nil: none
+	faults    func(id, step string) error             // a test's failures of create steps; nil: none
+	testImage func(imagestore.Image) imagestore.Image // a test's change of the images sessions see; nil: none
+
+	pulls      pullGroup          // one pull per reference among the creates
+	pullCtx    context.Context    // the creates' pulls run in it: they outlive the create that began one
+	pullCancel context.CancelFunc // ends them, at Close
 
 	recoverMu sync.Mutex
 	recovered bool        // Recover has begun; guarded by recoverMu
@@ -337,6 +374,9 @@ func newProvider(opts Options) (_ *provider, err error) {
 	}
 	if opts.UserNamespace == "" {
 		opts.UserNamespace = DefaultUserNamespace
+	}
+	if opts.Pull, err = validPull(opts.Pull); err != nil {
+		return nil, fmt.Errorf("container: %w", err)
 	}
 	if err := sessnet.ValidateFences(sessnet.Fences{Allow: opts.EgressAllow, Deny: opts.EgressDeny}); err != nil {
 		return nil, fmt.Errorf("container: egress fences: %w", err)
@@ -381,6 +421,7 @@ func newProvider(opts Options) (_ *provider, err error) {
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
+	p.pullCtx, p.pullCancel = context.WithCancel(context.Background())
 	for _, d := range []string{p.sessDir, p.perDir, p.diskDir, filepath.Join(p.perDir, wsMountDir)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("container: state directory: %w", err)
@@ -407,7 +448,7 @@ func newProvider(opts Options) (_ *provider, err error) {
 	if images == "" {
 		images = filepath.Join(state, "images")
 	}
-	if p.images, err = imagestore.Open(images); err != nil {
+	if p.images, err = imagestore.Open(images, imagestore.WithMaxImageSize(opts.MaxImageSize)); err != nil {
 		return nil, fmt.Errorf("container: image store: %w", err)
 	}
 	if p.host, err = imagestore.BuildHost(filepath.Join(root, "hostimage")); err != nil {
@@ -459,6 +500,7 @@ func agentBinary(name string) (agentLoad, error) {
 func (p *provider) Close() error {
 	var errs []error
 	p.closeOnce.Do(func() {
+		p.pullCancel()
 		errs = append(errs, p.closeEgress())
 		if p.pool != nil {
 			p.pool.close()
@@ -485,6 +527,7 @@ func (p *provider) Close() error {
 // sessions' locks.
 func (p *provider) Abandon() {
 	p.closeOnce.Do(func() {
+		p.pullCancel()
 		if p.pool != nil {
 			p.pool.abandon()
 		}
@@ -517,9 +560,11 @@ func (p *provider) Check(spec sandbox.SessionSpec) error {
 		return &sandbox.SpecRejectedError{Field: field, Reason: sandbox.ReasonUnenforceable, Message: fmt.Sprintf(format, args...)}
 	}
 	if spec.Image != sandbox.HostImage {
-		if _, err := p.images.Get(spec.Image); err != nil {
+		// An image the store lacks is the create's to pull, unless the
+		// policy says never.
+		if _, err := p.images.Get(spec.Image); err != nil && (p.opts.Pull == PullNever || !errors.Is(err, imagestore.ErrNotFound)) {
 			if errors.Is(err, imagestore.ErrNotFound) {
-				return no("image", "image %q is not in the local store (%s); import it with `tai42 image import FILE --name %s`, or use %q", spec.Image, p.images.Dir(), spec.Image, sandbox.HostImage)
+				return no("image", "image %q is not in the local store (%s) and the pull policy is %s: pull it (`tai42 image pull %s`), import it (`tai42 image import FILE --name %s`), or use %q", spec.Image, p.images.Dir(), PullNever, spec.Image, spec.Image, sandbox.HostImage)
 			}
 			return no("image", "image %q: %v", spec.Image, err)
 		}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -90,8 +91,8 @@ func (r *session) keptTeardown(h sessionHandle, mounted map[string]bool) {
 		t.Push("workspace", r.closeWorkspaceDisk)
 	}
 	t.Push("image", r.releaseImage)
-	if isMounted(mounted, filepath.Join(r.dir, "lower")) {
-		t.Push("idmapped image", r.unmountLower)
+	if slices.ContainsFunc(lowerMounts(r.dir), func(m string) bool { return isMounted(mounted, m) }) {
+		t.Push("idmapped image", r.unmountLowers)
 	}
 	if h.Remap {
 		t.Push("root mount point", r.removeRootDir)
@@ -115,9 +116,9 @@ type creation struct {
 	req kit.CreateRequest
 	r   *session
 
-	owner       int    // the host uid (and gid) of root in the session
-	upper, work string // the root overlay's upper and work directories
-	lower       string // its lower layer: the image, or its idmapped view
+	owner       int      // the host uid (and gid) of root in the session
+	upper, work string   // the root overlay's upper and work directories
+	lowers      []string // its lower layers, lowest first: the image's, or their idmapped views
 	binds       []bind
 	resolvConf  string
 	sysfsDir    string   // where the session's sysfs is mounted; "": none
@@ -271,19 +272,15 @@ func (c *creation) image() (undo.Func, error) {
 		for _, b := range p.host.Binds {
 			c.binds = append(c.binds, bind{source: b.Source, dest: b.Dest})
 		}
-		c.lower, r.env = p.host.Rootfs, baseEnv(p.host.Env)
+		c.lowers, r.env = []string{p.host.Rootfs}, baseEnv(p.host.Env)
 		return nil, nil
 	}
-	img, release, err := p.images.Acquire(c.req.Spec.Image)
+	img, release, err := p.acquireImage(c.ctx, c.req.Spec.Image)
 	if err != nil {
-		return nil, &sandbox.SpecRejectedError{Field: "image", Reason: sandbox.ReasonUnenforceable, Message: err.Error()}
+		return nil, err
 	}
-	if len(img.Layers) != 1 {
-		release()
-		return nil, &sandbox.SpecRejectedError{Field: "image", Reason: sandbox.ReasonUnenforceable, Message: fmt.Sprintf("image %s has %d layers; this provider mounts single-layer images only", img.Name, len(img.Layers))}
-	}
-	r.release, r.imageID = release, img.ID
-	c.lower, r.env = img.Layers[0], baseEnv(img.Env)
+	r.release, r.imageID, r.user = release, img.ID, img.User
+	c.lowers, r.env = img.Layers, baseEnv(img.Env)
 	return r.releaseImage, nil
 }
 
@@ -319,28 +316,44 @@ func (c *creation) layers() (undo.Func, error) {
 	return nil, nil
 }
 
-// idmappedImage mounts, when remapped, the image idmapped, so that its
-// root's files are root's in the session; it is the overlay's lower layer.
+// idmappedImage mounts, when remapped, each layer of the image idmapped
+// (lower/0 the lowest), so that its root's files are root's in the
+// session; they are the overlay's lower layers.
 func (c *creation) idmappedImage() (undo.Func, error) {
 	if c.p.userns == nil {
 		return nil, nil
 	}
-	idmapped := filepath.Join(c.r.dir, "lower")
-	if err := os.Mkdir(idmapped, 0o700); err != nil {
+	if err := os.Mkdir(filepath.Join(c.r.dir, lowerDir), 0o700); err != nil {
 		return nil, err
 	}
-	if err := c.p.rt.do(func() error { return mountIDMapped(c.lower, idmapped, c.p.userns) }); err != nil {
-		return nil, fmt.Errorf("the session's image: %w", err)
+	mapped := make([]string, len(c.lowers))
+	for i, l := range c.lowers {
+		mapped[i] = layerMountPoint(c.r.dir, i)
+		if err := os.Mkdir(mapped[i], 0o700); err != nil {
+			return c.r.unmountLowers, err
+		}
+		if err := c.p.rt.do(func() error { return mountIDMapped(l, mapped[i], c.p.userns) }); err != nil {
+			return c.r.unmountLowers, fmt.Errorf("the session's image, layer %d of %d: %w", i+1, len(c.lowers), err)
+		}
 	}
-	c.lower = idmapped
-	return c.r.unmountLower, nil
+	c.lowers = mapped
+	return c.r.unmountLowers, nil
 }
 
-// unmountLower is the undo of idmappedImage.
-func (r *session) unmountLower(context.Context) error {
-	if err := r.p.rt.do(func() error { return unmount(filepath.Join(r.dir, "lower")) }); err != nil {
+// unmountLowers is the undo of idmappedImage: every idmapped layer,
+// whether this process mounted it or an earlier one did (the one idmapped
+// image of a session an earlier version made included).
+func (r *session) unmountLowers(context.Context) error {
+	err := r.p.rt.do(func() error {
+		var errs []error
+		for _, m := range lowerMounts(r.dir) {
+			errs = append(errs, unmount(m))
+		}
+		return errors.Join(errs...)
+	})
+	if err != nil {
 		r.stuck = true
-		return fmt.Errorf("unmount the session's idmapped image: %w", err)
+		return fmt.Errorf("unmount the idmapped layers of the session's image: %w", err)
 	}
 	return nil
 }
@@ -377,7 +390,7 @@ func (c *creation) root() (undo.Func, error) {
 	if err := os.Mkdir(r.rootfs, 0o700); err != nil {
 		return nil, err
 	}
-	if err := c.p.rt.do(func() error { return mountOverlay(c.lower, c.upper, c.work, r.rootfs) }); err != nil {
+	if err := c.p.rt.do(func() error { return mountOverlay(c.lowers, c.upper, c.work, r.rootfs) }); err != nil {
 		return nil, c.p.diskFull(r, fmt.Errorf("the session's root overlay: %w", err))
 	}
 	return r.unmountRoot, nil

@@ -86,13 +86,17 @@ func (r *session) start(ctx context.Context, op string, req kit.ExecRequest, int
 		}
 		return true
 	}
+	user := req.User
+	if user == "" {
+		user = r.user
+	}
 	spec := agent.ExecSpec{
 		Op:          op,
 		Argv:        req.Argv,
 		Dir:         req.Cwd.Abs,
 		DirOrig:     req.Cwd.Orig,
-		Env:         r.environ(req.Env, req.User),
-		User:        req.User,
+		Env:         r.environ(req.Env, user),
+		User:        user,
 		Stdin:       req.Stdin,
 		Interactive: interactive,
 		Grace:       r.p.opts.ExitGrace,

@@ -132,7 +132,7 @@ func inUserNS(remap bool) string {
 // once checked to be that container's, then the runtime's delete, with the
 // binary of the runtime whose state holds it, or, when that runtime is no
 // longer installed, the state entry itself), the root overlay, the
-// idmapped image and the sysfs (unmounted in this process's mount
+// idmapped layers of its image and the sysfs (unmounted in this process's mount
 // namespace and in the runtime's), the root's mount point under rootsDir,
 // the cgroup, and the bundle with its ephemeral workspace. Then the
 // runtimes' state entries no bundle names (their containers, likewise);
@@ -418,10 +418,11 @@ func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, 
 			return nil, fmt.Errorf("its image %q: %w", k.Spec.Image, err)
 		}
 		r.release, r.imageID = release, img.ID
+		img = p.testedImage(img)
 		if img.ID != h.Image {
 			return nil, fmt.Errorf("its image %q is now %s, not %s, which its root was made of (it was imported again since)", k.Spec.Image, img.ID, h.Image)
 		}
-		env = img.Env
+		env, r.user = img.Env, img.User
 	}
 	r.env = baseEnv(env)
 
@@ -538,12 +539,11 @@ func (p *provider) removeLeft(ctx context.Context, rts *runtimes, id string) err
 		}
 	}
 	unmounted := true
-	for _, m := range []string{
+	for _, m := range append([]string{
 		filepath.Join(dir, "rootfs"),
 		filepath.Join(rootsDir, id, "rootfs"),
 		filepath.Join(dir, "sys"),
-		filepath.Join(dir, "lower"),
-	} {
+	}, lowerMounts(dir)...) {
 		if err := p.unmountEverywhere(m); err != nil {
 			errs = append(errs, err)
 			unmounted = false

@@ -39,6 +39,7 @@ type session struct {
 	dir  string
 	ws   string
 	env  map[string]string // the exec base environment
+	user string            // the user of an exec that names none: its image's User; "": root
 
 	disk   *disk // the session's disk; nil: no cap
 	wsDisk *disk // its persistent workspace's image, mounted; nil: none (or a plain directory)

@@ -278,7 +278,7 @@ func (p *provider) probeRemappedRoot(userns *os.File) error {
 		}
 		defer func() { _ = unmount(lower) }()
 		rootfs := filepath.Join(dir, "rootfs")
-		if err := mountOverlay(lower, filepath.Join(dir, "upper"), filepath.Join(dir, "work"), rootfs); err != nil {
+		if err := mountOverlay([]string{lower}, filepath.Join(dir, "upper"), filepath.Join(dir, "work"), rootfs); err != nil {
 			return fmt.Errorf("an overlay on an idmapped lower layer: %w", err)
 		}
 		return unmount(rootfs)
