@@ -12,7 +12,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -426,24 +425,22 @@ func layoutCandidates(dir string) ([]candidate, error) {
 	return cands, nil
 }
 
-// platformImage picks the linux image of this machine's architecture
-// from a multi-platform index.
+// platformImage picks this machine's image from a multi-platform index,
+// as a pull does (pickPlatform).
 func platformImage(idx v1.ImageIndex) (v1.Image, error) {
 	im, err := idx.IndexManifest()
 	if err != nil {
 		return nil, err
 	}
-	var have []string
-	for _, d := range im.Manifests {
-		if d.Platform == nil || !d.MediaType.IsImage() {
-			continue
-		}
-		if d.Platform.OS == "linux" && d.Platform.Architecture == runtime.GOARCH {
-			return idx.Image(d.Digest)
-		}
-		have = append(have, d.Platform.OS+"/"+d.Platform.Architecture)
+	host, err := parsePlatform("")
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("no image for linux/%s among its platforms (%s)", runtime.GOARCH, strings.Join(have, ", "))
+	d, err := pickPlatform(im, host)
+	if err != nil {
+		return nil, err
+	}
+	return idx.Image(d.Digest)
 }
 
 // diskUsage sums the blocks allocated to the tree at dir, counting a
