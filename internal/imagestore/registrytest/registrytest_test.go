@@ -1,0 +1,135 @@
+package registrytest_test
+
+import (
+	"errors"
+	"net/http"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+
+	"github.com/tai42/sandbox/internal/imagestore/registrytest"
+)
+
+// The harness's own checks: each mode of the registry takes a push and
+// serves it back, counts the blobs it served, and refuses who it should.
+func TestModes(t *testing.T) {
+	users := map[string]string{"alice": "s3cret-registrytest"}
+	for _, tc := range []struct {
+		name string
+		opts registrytest.Options
+	}{
+		{"http", registrytest.Options{}},
+		{"tls-htpasswd", registrytest.Options{TLS: true, Users: users}},
+		{"http-htpasswd", registrytest.Options{Users: users}},
+		{"token", registrytest.Options{Token: true, Users: users}},
+		{"tls-token", registrytest.Options{TLS: true, Token: true, Users: users}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := registrytest.Start(t, tc.opts)
+			img, err := random.Image(4096, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref := r.Ref("test/img", "v1")
+			r.Push(t, ref, img)
+			var nopts []name.Option
+			if !tc.opts.TLS {
+				nopts = append(nopts, name.Insecure)
+			}
+			nr, err := name.ParseReference(ref, nopts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ropts := []remote.Option{remote.WithTransport(r.Transport())}
+			if len(tc.opts.Users) > 0 {
+				// Refused without credentials and with wrong ones.
+				for _, kc := range []remote.Option{remote.WithAuthFromKeychain(r.KeychainFor("alice", "wrong")), remote.WithAuthFromKeychain(r.KeychainFor("", ""))} {
+					_, err := remote.Image(nr, append(ropts, kc)...)
+					var terr *transport.Error
+					if !errors.As(err, &terr) || terr.StatusCode != http.StatusUnauthorized {
+						t.Fatalf("pull with bad credentials: %v, want a 401", err)
+					}
+				}
+				ropts = append(ropts, remote.WithAuthFromKeychain(r.Keychain("alice")))
+			}
+			got, err := remote.Image(nr, ropts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			layers, err := got.Layers()
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := layers[0].Digest()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := r.BlobGETs(t, d); n != 0 {
+				t.Fatalf("BlobGETs before any read = %d", n)
+			}
+			rc, err := layers[0].Compressed()
+			if err != nil {
+				t.Fatal(err)
+			}
+			rc.Close()
+			if n := r.BlobGETs(t, d); n != 1 {
+				t.Fatalf("BlobGETs after one read = %d, want 1", n)
+			}
+		})
+	}
+}
+
+func TestUntrustedTLS(t *testing.T) {
+	r := registrytest.Start(t, registrytest.Options{TLS: true})
+	resp, err := http.Get(r.URL() + "/v2/")
+	if err == nil {
+		resp.Body.Close()
+		t.Fatal("the registry's certificate was trusted without its CA")
+	}
+	if len(r.CAPEM()) == 0 {
+		t.Fatal("no CA PEM")
+	}
+}
+
+func TestCorruptAndDelete(t *testing.T) {
+	r := registrytest.Start(t, registrytest.Options{})
+	img, err := random.Image(4096, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := r.Ref("test/img", "v1")
+	r.Push(t, ref, img)
+	layers, _ := img.Layers()
+	d0, _ := layers[0].Digest()
+	d1, _ := layers[1].Digest()
+	r.CorruptBlob(t, d0)
+	r.DeleteBlob(t, d1)
+	get := func(d string) int {
+		resp, err := http.Get(r.URL() + "/v2/test/img/blobs/" + d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := get(d0.String()); got != http.StatusOK {
+		t.Fatalf("the corrupted blob: %d, want 200 (served with the wrong content)", got)
+	}
+	if got := get(d1.String()); got != http.StatusNotFound {
+		t.Fatalf("the deleted blob: %d, want 404", got)
+	}
+}
+
+// The registry is stopped when its test ends.
+func TestStopsRegistry(t *testing.T) {
+	var host string
+	t.Run("inner", func(t *testing.T) {
+		host = registrytest.Start(t, registrytest.Options{}).Host()
+	})
+	if _, err := http.Get("http://" + host + "/v2/"); err == nil {
+		t.Fatal("the registry still answers after its test ended")
+	}
+}
