@@ -1,7 +1,9 @@
 package registrytest_test
 
 import (
+	"archive/tar"
 	"errors"
+	"io"
 	"net/http"
 	"testing"
 
@@ -131,5 +133,38 @@ func TestStopsRegistry(t *testing.T) {
 	})
 	if _, err := http.Get("http://" + host + "/v2/"); err == nil {
 		t.Fatal("the registry still answers after its test ended")
+	}
+}
+
+// Go's tar reader sees the sparse layer's file at its full size, the
+// hole as zeros and the last byte as written.
+func TestSparseLayer(t *testing.T) {
+	const size = 10 << 30
+	l, err := registrytest.SparseLayer("big", size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := l.Size(); n > 64<<10 {
+		t.Fatalf("the compressed layer is %d bytes", n)
+	}
+	rc, err := l.Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	h, err := tr.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Name != "big" || h.Size != size || h.Typeflag != tar.TypeReg {
+		t.Fatalf("header %q size %d type %c", h.Name, h.Size, h.Typeflag)
+	}
+	if _, err := io.CopyN(io.Discard, tr, size-1); err != nil {
+		t.Fatal(err)
+	}
+	last, err := io.ReadAll(tr)
+	if err != nil || string(last) != "x" {
+		t.Fatalf("last byte %q, %v", last, err)
 	}
 }
