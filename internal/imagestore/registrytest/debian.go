@@ -468,3 +468,62 @@ func ImageOf(cmd []string, layers ...v1.Layer) (v1.Image, error) {
 	cf.Created = v1.Time{Time: epoch}
 	return mutate.ConfigFile(img, cf)
 }
+
+// SplitRootfs cuts the root filesystem tarball rootfs into n layers of
+// about equal size, written as dir/layer-I.tar.gz (lowest first): every
+// directory in the first, each file (and its hard links) in one, with its
+// parent directories, so that the layers stacked are rootfs again. It is
+// the many-layer image of a benchmark beside rootfs as one layer.
+func SplitRootfs(rootfs, dir string, n int) ([]v1.Layer, error) {
+	st, err := os.Stat(rootfs)
+	if err != nil {
+		return nil, err
+	}
+	var ws []*gzTar
+	for i := range n {
+		w, err := newGzTar(filepath.Join(dir, fmt.Sprintf("layer-%d.tar.gz", i)))
+		if err != nil {
+			return nil, err
+		}
+		ws = append(ws, w)
+	}
+	dirs := map[string]*tar.Header{}
+	where := map[string]int{} // file -> its layer, for hard links
+	var seen int64
+	err = eachEntry(rootfs, func(h *tar.Header, r io.Reader) error {
+		name := clean(h.Name)
+		if name == "" {
+			return nil
+		}
+		if h.Typeflag == tar.TypeDir {
+			dirs[name] = cloneHeader(h)
+			return ws[0].add(name, h, nil)
+		}
+		i := min(n-1, int(seen*int64(n)/st.Size()))
+		if h.Typeflag == tar.TypeLink {
+			i = where[clean(h.Linkname)]
+		}
+		seen += h.Size + 512
+		where[name] = i
+		if err := ws[i].parents(name, dirs); err != nil {
+			return err
+		}
+		return ws[i].add(name, h, r)
+	})
+	for _, w := range ws {
+		err = errors.Join(err, w.close())
+	}
+	if err != nil {
+		return nil, err
+	}
+	var ls []v1.Layer
+	for _, w := range ws {
+		file := w.f.Name()
+		l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return os.Open(file) })
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+	}
+	return ls, nil
+}
