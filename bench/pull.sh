@@ -111,10 +111,10 @@ fi
 # Peers: each a function that runs one pull, its store emptied before.
 declare -A reason
 peers=()
-if "$tai42" image pull --help >/dev/null 2>&1; then
+if "$tai42" image pull --help 2>/dev/null | grep -q -e --insecure-registry; then
 	peers+=(tai42)
 else
-	reason[tai42]="this tai42 has no \`image pull\`"
+	reason[tai42]="this tai42 has no \`image pull --insecure-registry\`"
 fi
 if command -v skopeo >/dev/null && command -v umoci >/dev/null; then
 	peers+=(skopeo+umoci)
@@ -160,7 +160,7 @@ pull_once() {
 	skopeo+umoci)
 		rm -rf "$work/oci" "$work/unpacked"
 		skopeo copy -q --src-tls-verify=false "docker://$ref" "oci:$work/oci:v1" >/dev/null
-		umoci raw unpack --image "$work/oci:v1" "$work/unpacked" >/dev/null
+		umoci --log error raw unpack --image "$work/oci:v1" "$work/unpacked" >/dev/null
 		;;
 	docker)
 		dockerc rmi -f "$ref" >/dev/null 2>&1 || true

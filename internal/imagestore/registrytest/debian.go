@@ -169,6 +169,10 @@ func buildLocked(cache, dir, sources string) error {
 	if err := os.WriteFile(filepath.Join(tmp, "done"), nil, 0o644); err != nil {
 		return err
 	}
+	// Readable by all, as a cache is: a test run as another user reads it.
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return err
+	}
 	_ = os.RemoveAll(dir)
 	return os.Rename(tmp, dir)
 }

@@ -142,8 +142,7 @@ func (r *Registry) start(t testing.TB) error {
 	r.cmd, r.exited = cmd, make(chan struct{})
 	go func() { _ = cmd.Wait(); close(r.exited) }()
 	if err := r.waitReady(); err != nil {
-		r.stop()
-		return fmt.Errorf("%w; its log:\n%s", err, r.tailLog())
+		return errors.Join(fmt.Errorf("%w; its log:\n%s", err, r.tailLog()), r.stop())
 	}
 	t.Cleanup(func() {
 		if err := r.stop(); err != nil {
