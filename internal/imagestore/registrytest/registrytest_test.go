@@ -6,14 +6,23 @@ import (
 	"io"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 
+	"go.uber.org/goleak"
+
 	"github.com/tai42/sandbox/internal/imagestore/registrytest"
 )
+
+// The harness leaves no goroutine behind (its tests' packages check it
+// too): the registry's waiter, the token server, the fronts, and the
+// transports it hands out.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // The harness's own checks: each mode of the registry takes a push and
 // serves it back, counts the blobs it served, and refuses who it should.
@@ -109,19 +118,23 @@ func TestCorruptAndDelete(t *testing.T) {
 	d1, _ := layers[1].Digest()
 	r.CorruptBlob(t, d0)
 	r.DeleteBlob(t, d1)
-	get := func(d string) int {
-		resp, err := http.Get(r.URL() + "/v2/test/img/blobs/" + d)
+	get := func(d v1.Hash) (int, v1.Hash) {
+		resp, err := http.Get(r.URL() + "/v2/test/img/blobs/" + d.String())
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp.Body.Close()
-		return resp.StatusCode
+		defer resp.Body.Close()
+		h, _, err := v1.SHA256(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, h
 	}
-	if got := get(d0.String()); got != http.StatusOK {
-		t.Fatalf("the corrupted blob: %d, want 200 (served with the wrong content)", got)
+	if code, got := get(d0); code != http.StatusOK || got == d0 {
+		t.Fatalf("the corrupted blob: %d, content %s; want 200 with content not of its digest", code, got)
 	}
-	if got := get(d1.String()); got != http.StatusNotFound {
-		t.Fatalf("the deleted blob: %d, want 404", got)
+	if code, _ := get(d1); code != http.StatusNotFound {
+		t.Fatalf("the deleted blob: %d, want 404", code)
 	}
 }
 
@@ -167,4 +180,32 @@ func TestSparseLayer(t *testing.T) {
 	if err != nil || string(last) != "x" {
 		t.Fatalf("last byte %q, %v", last, err)
 	}
+}
+
+// The stalling front passes StallAfter bytes of a blob, then nothing.
+func TestStallingFront(t *testing.T) {
+	r := registrytest.Start(t, registrytest.Options{})
+	img, err := random.Image(1<<20, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Push(t, r.Ref("test/img", "v1"), img)
+	layers, _ := img.Layers()
+	d, _ := layers[0].Digest()
+	front := r.StallingFront(t)
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + front.Host() + "/v2/test/img/blobs/" + d.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	start := time.Now()
+	n, err := io.Copy(io.Discard, resp.Body)
+	if err == nil || n != registrytest.StallAfter {
+		t.Fatalf("read %d bytes, %v; want %d and then a timeout", n, err, registrytest.StallAfter)
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Fatalf("the read took %s", time.Since(start))
+	}
+	c.CloseIdleConnections()
 }
