@@ -50,6 +50,9 @@ func trusted(r *registrytest.Registry, user string) imagestore.RegistryOptions {
 
 func openStore(t *testing.T) *imagestore.Store {
 	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("pulls unpack layers as they are (owners kept, whiteouts as 0:0 character devices): that needs root")
+	}
 	s, err := imagestore.Open(filepath.Join(t.TempDir(), "images"))
 	if err != nil {
 		t.Fatal(err)
