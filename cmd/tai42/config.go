@@ -16,6 +16,7 @@ import (
 	"github.com/tai42/sandbox/api"
 	"github.com/tai42/sandbox/internal/egressdns"
 	"github.com/tai42/sandbox/kit"
+	"github.com/tai42/sandbox/provider/container"
 )
 
 // configEnv names the variable that names the config file of "tai42 serve".
@@ -65,6 +66,7 @@ type serveFlags struct {
 	diskMB          int
 	diskInodes      int64
 	diskReserveMB   int
+	images          imageFlags
 }
 
 // addServeFlags registers the flags of "tai42 serve" on fl.
@@ -97,6 +99,7 @@ func addServeFlags(fl *pflag.FlagSet, f *serveFlags) {
 	fl.IntVar(&f.diskMB, "disk-mb", defaultDiskMB, "the container provider's disk cap per session, in MiB: its root's writes, /tmp and workspace together (a persistent workspace has a cap of this size of its own); 0 turns the cap off")
 	fl.Int64Var(&f.diskInodes, "disk-inodes", 0, "the files a session's disk holds at most (default: one per 16 KiB of --disk-mb)")
 	fl.IntVar(&f.diskReserveMB, "disk-reserve-mb", defaultDiskReserveMB, "refuse creates while the state directory's filesystem has less than this free, in MiB")
+	addImageFlags(fl, &f.images)
 }
 
 // setting ties a flag of "tai42 serve" to its environment variable and
@@ -110,7 +113,7 @@ type setting struct {
 // serveSettings lists every setting of "tai42 serve" but --config. The token
 // has no config file key: a config file is no place for a secret (use
 // token_file).
-var serveSettings = []setting{
+var serveSettings = append([]setting{
 	{"listen", "TAI42_LISTEN", "listen"},
 	{"state-dir", stateDirEnv, "state_dir"},
 	{"provider", providerEnv, "provider"},
@@ -138,7 +141,7 @@ var serveSettings = []setting{
 	{"disk-mb", "TAI42_DISK_MB", "disk.mb"},
 	{"disk-inodes", "TAI42_DISK_INODES", "disk.inodes"},
 	{"disk-reserve-mb", "TAI42_DISK_RESERVE_MB", "disk.reserve_mb"},
-}
+}, imageSettings...)
 
 // fileConfig is the layout of the config file. A nil field, or an empty
 // string, is a key the file leaves unset.
@@ -179,6 +182,30 @@ type fileConfig struct {
 		Inodes    *int64 `toml:"inodes"`
 		ReserveMB *int64 `toml:"reserve_mb"`
 	} `toml:"disk"`
+	Images struct {
+		Pull    *string    `toml:"pull"`
+		MaxSize *sizeValue `toml:"max_size"`
+	} `toml:"images"`
+	Registry struct {
+		Mirrors  []string `toml:"mirrors"`
+		Insecure []string `toml:"insecure"`
+	} `toml:"registry"`
+}
+
+// sizeValue is a size in the config file: a string ("20GiB") or a number
+// of bytes, as the flag's text.
+type sizeValue string
+
+func (v *sizeValue) UnmarshalTOML(data any) error {
+	switch d := data.(type) {
+	case string:
+		*v = sizeValue(d)
+	case int64:
+		*v = sizeValue(strconv.FormatInt(d, 10))
+	default:
+		return fmt.Errorf("want a size such as \"20GiB\" or a number of bytes, got %v", data)
+	}
+	return nil
 }
 
 // pathKeys are the config keys holding a path: a relative one is relative
@@ -199,7 +226,7 @@ func loadConfigFile(path string) (map[string]string, error) {
 		for i, k := range und {
 			keys[i] = k.String()
 		}
-		return nil, fmt.Errorf("config file %s: unknown key(s) %s (known: listen, state_dir, provider, runtime, net_prefix, token_file, exec_default_timeout, reap_interval, log_level, log_format, [tls] cert and key, [policy] egress, isolation, durable and scrub_transcript, [limits] max_body_bytes, max_output_bytes and shutdown_grace, [egress] allow, deny, allow_domains and dns, [disk] mb, inodes and reserve_mb)",
+		return nil, fmt.Errorf("config file %s: unknown key(s) %s (known: listen, state_dir, provider, runtime, net_prefix, token_file, exec_default_timeout, reap_interval, log_level, log_format, [tls] cert and key, [policy] egress, isolation, durable and scrub_transcript, [limits] max_body_bytes, max_output_bytes and shutdown_grace, [egress] allow, deny, allow_domains and dns, [disk] mb, inodes and reserve_mb, [images] pull and max_size, [registry] mirrors and insecure)",
 			path, strings.Join(keys, ", "))
 	}
 	out := map[string]string{}
@@ -223,16 +250,21 @@ func loadConfigFile(path string) (map[string]string, error) {
 	str("policy.egress", fc.Policy.Egress)
 	str("policy.isolation", fc.Policy.Isolation)
 	str("limits.shutdown_grace", fc.Limits.ShutdownGrace)
+	str("images.pull", fc.Images.Pull)
+	if fc.Images.MaxSize != nil {
+		str("images.max_size", (*string)(fc.Images.MaxSize))
+	}
 	for key, v := range map[string]*bool{"policy.durable": fc.Policy.Durable, "policy.scrub_transcript": fc.Policy.ScrubTranscript} {
 		if v != nil {
 			out[key] = strconv.FormatBool(*v)
 		}
 	}
-	for key, v := range map[string][]string{"egress.allow": fc.Egress.Allow, "egress.deny": fc.Egress.Deny, "egress.allow_domains": fc.Egress.AllowDomains, "egress.dns": fc.Egress.DNS} {
+	for key, v := range map[string][]string{"egress.allow": fc.Egress.Allow, "egress.deny": fc.Egress.Deny, "egress.allow_domains": fc.Egress.AllowDomains, "egress.dns": fc.Egress.DNS,
+		"registry.mirrors": fc.Registry.Mirrors, "registry.insecure": fc.Registry.Insecure} {
 		if len(v) > 0 {
 			for _, e := range v {
 				if strings.Contains(e, ",") {
-					return nil, fmt.Errorf("config file %s: %s: %q holds a comma, which no CIDR, address or domain name does", path, key, e)
+					return nil, fmt.Errorf("config file %s: %s: %q holds a comma, which no CIDR, address, domain name or registry does", path, key, e)
 				}
 			}
 			out[key] = strings.Join(v, ",")
@@ -275,6 +307,7 @@ type serveConfig struct {
 	logFormat      string
 	egress         egressConfig
 	disk           diskConfig
+	images         imageConfig
 	// reload resolves the configuration again as at start (the same
 	// command line, the environment, the config file as it is now), for a
 	// SIGHUP; nil where nothing reloads.
@@ -343,33 +376,9 @@ func resolveServeConfig(fl *pflag.FlagSet, f *serveFlags, lookupEnv func(string)
 			return serveConfig{}, err
 		}
 	}
-	// level records where each setting came from, to rank --token against
-	// --token-file, which are one setting under two names.
-	const (
-		fromDefault = iota
-		fromFile
-		fromEnv
-		fromFlag
-	)
-	level := map[string]int{}
-	for _, s := range serveSettings {
-		if fl.Changed(s.flag) {
-			level[s.flag] = fromFlag
-			continue
-		}
-		if v, ok := envValue(lookupEnv, s.env); ok {
-			if err := fl.Set(s.flag, v); err != nil {
-				return serveConfig{}, fmt.Errorf("$%s: %w", s.env, err)
-			}
-			level[s.flag] = fromEnv
-			continue
-		}
-		if v, ok := file[s.key]; ok {
-			if err := fl.Set(s.flag, v); err != nil {
-				return serveConfig{}, fmt.Errorf("config file %s: %s: %w", f.config, s.key, err)
-			}
-			level[s.flag] = fromFile
-		}
+	level, err := applySettings(fl, serveSettings, lookupEnv, f.config, file)
+	if err != nil {
+		return serveConfig{}, err
 	}
 	explicitDisk := level["disk-mb"] > fromDefault || level["disk-inodes"] > fromDefault
 	if f.token != "" && f.tokenFile != "" {
@@ -384,6 +393,85 @@ func resolveServeConfig(fl *pflag.FlagSet, f *serveFlags, lookupEnv func(string)
 	}
 	cfg, err := f.validate(lookupEnv)
 	cfg.disk.explicit = explicitDisk
+	cfg.images.given = givenSettings(level, imageSettings)
+	return cfg, err
+}
+
+// Where a setting's value came from, lowest first.
+const (
+	fromDefault = iota
+	fromFile
+	fromEnv
+	fromFlag
+)
+
+// applySettings sets each flag of settings that the command line did not
+// give from its environment variable (an empty value is unset), else from
+// file, the values of the config file at configPath by key. It returns
+// where each came from, by flag name (a default is not in it).
+func applySettings(fl *pflag.FlagSet, settings []setting, lookupEnv func(string) (string, bool), configPath string, file map[string]string) (map[string]int, error) {
+	level := map[string]int{}
+	for _, s := range settings {
+		if fl.Changed(s.flag) {
+			level[s.flag] = fromFlag
+			continue
+		}
+		if v, ok := envValue(lookupEnv, s.env); ok {
+			if err := fl.Set(s.flag, v); err != nil {
+				return nil, fmt.Errorf("$%s: %w", s.env, err)
+			}
+			level[s.flag] = fromEnv
+			continue
+		}
+		if v, ok := file[s.key]; ok {
+			if err := fl.Set(s.flag, v); err != nil {
+				return nil, fmt.Errorf("config file %s: %s: %w", configPath, s.key, err)
+			}
+			level[s.flag] = fromFile
+		}
+	}
+	return level, nil
+}
+
+// givenSettings lists the flags of settings that level says were given.
+func givenSettings(level map[string]int, settings []setting) []string {
+	var given []string
+	for _, s := range settings {
+		if level[s.flag] > fromDefault {
+			given = append(given, "--"+s.flag)
+		}
+	}
+	return given
+}
+
+// resolveImageSettings resolves the image flags of "tai42 run" and "tai42
+// image pull" (those of imageSettings fl has) as serve resolves its own:
+// the flag, else the variable, else the config file $TAI42_CONFIG names
+// (the daemon's), else the default.
+func resolveImageSettings(fl *pflag.FlagSet, f *imageFlags, lookupEnv func(string) (string, bool)) (imageConfig, error) {
+	var settings []setting
+	for _, s := range imageSettings {
+		if fl.Lookup(s.flag) != nil {
+			settings = append(settings, s)
+		}
+	}
+	path, _ := envValue(lookupEnv, configEnv)
+	var file map[string]string
+	if path != "" {
+		var err error
+		if file, err = loadConfigFile(path); err != nil {
+			return imageConfig{}, fmt.Errorf("%w (from $%s)", err, configEnv)
+		}
+	}
+	level, err := applySettings(fl, settings, lookupEnv, path, file)
+	if err != nil {
+		return imageConfig{}, err
+	}
+	if fl.Lookup("pull") == nil {
+		f.pull = string(container.PullMissing)
+	}
+	cfg, err := f.validate()
+	cfg.given = givenSettings(level, settings)
 	return cfg, err
 }
 
@@ -465,6 +553,9 @@ func (f *serveFlags) validate(lookupEnv func(string) (string, bool)) (serveConfi
 		return serveConfig{}, fmt.Errorf("--disk-reserve-mb must be >= 0, got %d", f.diskReserveMB)
 	}
 	cfg.disk = diskConfig{mb: f.diskMB, inodes: f.diskInodes, reserveMB: f.diskReserveMB, resolved: true}
+	if cfg.images, err = f.images.validate(); err != nil {
+		return serveConfig{}, err
+	}
 	if cfg.token != "" {
 		if err := validToken(cfg.token); err != nil {
 			return serveConfig{}, fmt.Errorf("the token from --token or $%s: %w", tokenEnv, err)

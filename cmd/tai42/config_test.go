@@ -13,6 +13,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/imagestore"
+	"github.com/tai42/sandbox/provider/container"
 )
 
 // resolveServe parses args as the flags of "tai42 serve" and resolves the
@@ -57,7 +59,8 @@ func TestExampleConfigLoads(t *testing.T) {
 		maxBodyBytes: 1 << 30, maxOutputBytes: 64 << 20,
 		policy:   sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationNone, Durable: true},
 		logLevel: slog.LevelInfo, logFormat: "json",
-		disk: diskConfig{mb: 10240, reserveMB: 1024, resolved: true},
+		disk:   diskConfig{mb: 10240, reserveMB: 1024, resolved: true},
+		images: imageConfig{pull: container.PullMissing, maxSize: 20 << 30},
 	}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("example config:\n %+v\nwant\n %+v", cfg, want)
@@ -109,6 +112,14 @@ func TestConfigErrors(t *testing.T) {
 		"comma in file":     {file: "[egress]\nallow = [\"10.0.0.0/8,11.0.0.0/8\"]\n", msg: []string{"egress.allow", "comma"}},
 		"negative disk":     {args: []string{"--disk-mb", "-1"}, msg: []string{"--disk-mb"}},
 		"inodes, no cap":    {args: []string{"--disk-mb", "0", "--disk-inodes", "5"}, msg: []string{"--disk-inodes"}},
+		"bad pull":          {args: []string{"--pull", "sometimes"}, msg: []string{"--pull", "sometimes", "missing, always, never"}},
+		"bad pull in file":  {file: "[images]\npull = \"Always\"\n", msg: []string{"--pull", "Always", "missing, always, never"}},
+		"bad size":          {env: map[string]string{"TAI42_MAX_IMAGE_SIZE": "big"}, msg: []string{"--max-image-size", "big"}},
+		"zero size":         {file: "[images]\nmax_size = 0\n", msg: []string{"--max-image-size", "> 0"}},
+		"bool size":         {file: "[images]\nmax_size = true\n", msg: []string{"max_size"}},
+		"bad mirror":        {file: "[registry]\nmirrors = [\"ftp://m.test\"]\n", msg: []string{"--registry-mirror", "ftp://m.test", "http or https"}},
+		"mirror password":   {args: []string{"--registry-mirror", "https://u:secret@m.test"}, msg: []string{"--registry-mirror", "docker config"}},
+		"bad insecure":      {env: map[string]string{"TAI42_INSECURE_REGISTRY": "h.test/path"}, msg: []string{"--insecure-registry", "h.test/path"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			env := map[string]string{stateDirEnv: "/state"}
@@ -329,5 +340,99 @@ reserve_mb = 64
 	}
 	if cfg.egress.given() || cfg.disk != (diskConfig{mb: defaultDiskMB, reserveMB: defaultDiskReserveMB, resolved: true}) {
 		t.Errorf("defaults: egress %+v, disk %+v", cfg.egress, cfg.disk)
+	}
+}
+
+// TestImageSettings: the image settings of serve, run and image pull
+// resolve flag > variable > config file > default, and reach the container
+// provider's options.
+func TestImageSettings(t *testing.T) {
+	file := writeConfig(t, "[images]\npull = \"never\"\nmax_size = \"1GiB\"\n[registry]\nmirrors = [\"mirror.test:5000\", \"https://m2.test/v2\"]\ninsecure = [\"127.0.0.1:5000\"]\n")
+	intFile := writeConfig(t, "[images]\nmax_size = 1048576\n")
+	for name, tc := range map[string]struct {
+		env  map[string]string
+		args []string
+		want imageConfig
+	}{
+		"defaults": {want: imageConfig{pull: container.PullMissing, maxSize: 20 << 30}},
+		"file": {env: map[string]string{configEnv: file}, want: imageConfig{pull: container.PullNever, maxSize: 1 << 30,
+			registry: imagestore.RegistryOptions{Mirrors: []string{"mirror.test:5000", "https://m2.test/v2"}, Insecure: []string{"127.0.0.1:5000"}},
+			given:    []string{"--pull", "--max-image-size", "--registry-mirror", "--insecure-registry"}}},
+		"bytes in the file": {env: map[string]string{configEnv: intFile}, want: imageConfig{pull: container.PullMissing, maxSize: 1 << 20, given: []string{"--max-image-size"}}},
+		"env over file": {env: map[string]string{configEnv: file, "TAI42_PULL": "always", "TAI42_INSECURE_REGISTRY": "a.test,b.test:443"},
+			want: imageConfig{pull: container.PullAlways, maxSize: 1 << 30,
+				registry: imagestore.RegistryOptions{Mirrors: []string{"mirror.test:5000", "https://m2.test/v2"}, Insecure: []string{"a.test", "b.test:443"}},
+				given:    []string{"--pull", "--max-image-size", "--registry-mirror", "--insecure-registry"}}},
+		"flag over env": {env: map[string]string{configEnv: file, "TAI42_PULL": "always", "TAI42_MAX_IMAGE_SIZE": "2GB"},
+			args: []string{"--pull", "missing", "--registry-mirror", "m3.test", "--registry-mirror", "m4.test", "--max-image-size", "500MB"},
+			want: imageConfig{pull: container.PullMissing, maxSize: 500_000_000,
+				registry: imagestore.RegistryOptions{Mirrors: []string{"m3.test", "m4.test"}, Insecure: []string{"127.0.0.1:5000"}},
+				given:    []string{"--pull", "--max-image-size", "--registry-mirror", "--insecure-registry"}}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			env := map[string]string{stateDirEnv: "/state"}
+			for k, v := range tc.env {
+				env[k] = v
+			}
+			// serve: --config or $TAI42_CONFIG.
+			cfg, err := resolveServe(t, env, tc.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(cfg.images, tc.want) {
+				t.Errorf("serve: %+v, want %+v", cfg.images, tc.want)
+			}
+			opts := providerConfig{images: cfg.images}.containerOptions(nil)
+			if opts.Pull != tc.want.pull || opts.MaxImageSize != tc.want.maxSize || !reflect.DeepEqual(opts.Registry, tc.want.registry) {
+				t.Errorf("container.Options: Pull %q, MaxImageSize %d, Registry %+v; want %+v", opts.Pull, opts.MaxImageSize, opts.Registry, tc.want)
+			}
+			// run and image pull: $TAI42_CONFIG.
+			var f imageFlags
+			fl := pflag.NewFlagSet("run", pflag.ContinueOnError)
+			addImageFlags(fl, &f)
+			if err := fl.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			got, err := resolveImageSettings(fl, &f, lookupFrom(env))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("run: %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestRunImageFlags: run's image flags are usage errors when bad, refused
+// with a daemon, and said to have no effect on the host runner.
+func TestRunImageFlags(t *testing.T) {
+	dir := t.TempDir()
+	r := runCLI(t, nil, nil, "run", "--state-dir", dir, "--pull", "sometimes", "--", "true")
+	r.want(t, exitUsage)
+	if !strings.Contains(r.stderr, `--pull "sometimes" is not one of missing, always, never`) {
+		t.Errorf("run --pull sometimes: %q", r.stderr)
+	}
+	r = runCLI(t, nil, map[string]string{configEnv: writeConfig(t, "[registry]\ninsecure = [\"bad/host\"]\n")}, "run", "--state-dir", dir, "--", "true")
+	r.want(t, exitUsage)
+	if !strings.Contains(r.stderr, "bad/host") || !strings.Contains(r.stderr, configEnv) && !strings.Contains(r.stderr, "--insecure-registry") {
+		t.Errorf("run with a bad insecure registry in $TAI42_CONFIG: %q", r.stderr)
+	}
+	r = runCLI(t, nil, nil, "run", "--state-dir", dir, "--provider", "host", "--pull", "always", "--", "true")
+	r.want(t, exitOK)
+	if !strings.Contains(r.stderr, "warning: the host runner pulls no images") || !strings.Contains(r.stderr, "--pull have no effect") {
+		t.Errorf("run --provider host --pull always: %q", r.stderr)
+	}
+	// From the config file, for the container provider: no warning.
+	r = runCLI(t, nil, map[string]string{configEnv: writeConfig(t, "[images]\npull = \"always\"\n")}, "run", "--state-dir", dir, "--provider", "host", "--", "true")
+	r.want(t, exitOK)
+	if r.stderr != "" {
+		t.Errorf("run with the config's pull policy on the host runner: %q", r.stderr)
+	}
+	d := startDaemon(t)
+	r = d.cli(t, nil, "run", "--insecure-registry", "127.0.0.1:5000", "--", "true")
+	r.want(t, exitUsage)
+	if !strings.Contains(r.stderr, "--insecure-registry does not apply to a daemon") {
+		t.Errorf("run --insecure-registry on a daemon: %q", r.stderr)
 	}
 }

@@ -367,3 +367,34 @@ func TestBinaryContainerDisk(t *testing.T) {
 		t.Errorf("the daemon exited %d on SIGTERM; stderr:\n%s", code, off.stderr.String())
 	}
 }
+
+// TestBinaryContainerPull: "tai42 run --image REF" on the container
+// provider pulls an image its store lacks (--pull missing, the default)
+// from a registry on loopback, and a reference the registry lacks is a
+// rejected spec (exit 2) naming it; --pull never rejects what is missing.
+func TestBinaryContainerPull(t *testing.T) {
+	requireContainer(t)
+	bin := buildBinary(t)
+	reg := startRegistry(t)
+	ref := reg.push(t, "tools/box:1", busyboxPlus(t, 1))
+	state := t.TempDir()
+	env := []string{"PATH=" + os.Getenv("PATH"), "TAI42_STATE_DIR=" + state, "DOCKER_CONFIG=" + t.TempDir(), "TAI42_INSECURE_REGISTRY=" + reg.host}
+
+	missing := reg.host + "/tools/none:1"
+	out, errOut, code := runBinary(t, bin, env, "", "run", "--provider", "container", "--image", missing, "--", "true")
+	if code != exitUsage || !strings.Contains(errOut, missing) || !strings.Contains(errOut, "image") || out != "" {
+		t.Errorf("run --image %s (not in the registry): exit %d, stdout %q, stderr %q", missing, code, out, errOut)
+	}
+	out, errOut, code = runBinary(t, bin, env, "", "run", "--provider", "container", "--pull", "never", "--image", ref, "--", "true")
+	if code != exitUsage || !strings.Contains(errOut, ref) {
+		t.Errorf("run --pull never --image %s: exit %d, stdout %q, stderr %q", ref, code, out, errOut)
+	}
+	out, errOut, code = runBinary(t, bin, env, "", "run", "--provider", "container", "--image", ref, "--", "sh", "-c", "echo ok")
+	if code != 0 || out != "ok\n" {
+		t.Fatalf("run --image %s (pulled on create): exit %d, stdout %q, stderr %q", ref, code, out, errOut)
+	}
+	out, errOut, code = runBinary(t, bin, env, "", "image", "ls", "-q")
+	if code != 0 || out != ref+"\n" {
+		t.Errorf("image ls after the pull on create: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}

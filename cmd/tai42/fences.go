@@ -4,6 +4,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"reflect"
 	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -178,6 +179,9 @@ func reloadFences(log *slog.Logger, was serveConfig, sb sandbox.Sandbox, srv *se
 	}
 	if !slices.Equal(cfg.egress.dns, was.egress.dns) {
 		log.Warn("reload: the resolver's upstreams (--egress-dns, egress.dns) change at the next start only")
+	}
+	if !reflect.DeepEqual(cfg.images, was.images) {
+		log.Warn("reload: the image settings (--pull, --registry-mirror, --insecure-registry, --max-image-size; [images], [registry]) change at the next start only")
 	}
 	set, ok := providerOf(sb).(fenceSetter)
 	if !ok {

@@ -8,16 +8,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/imagestore"
 	"github.com/tai42/sandbox/internal/imagestore/imagestoretest"
 )
 
 // imageLs runs "tai42 image ls --json" and decodes it.
-func imageLs(t *testing.T, env map[string]string) []imageJSON {
+func imageLs(t *testing.T, env map[string]string) []sandbox.ImageInfo {
 	t.Helper()
 	r := runCLI(t, nil, env, "image", "ls", "--json")
 	r.want(t, exitOK)
-	var imgs []imageJSON
+	var imgs []sandbox.ImageInfo
 	if err := json.Unmarshal([]byte(r.stdout), &imgs); err != nil {
 		t.Fatalf("ls --json: %v\n%s", err, r.stdout)
 	}
@@ -45,7 +46,7 @@ func TestImageEndToEnd(t *testing.T) {
 	// of the environment.
 	r = runCLI(t, nil, nil, "image", "import", "--state-dir", state, saved, "--name", "tools/box:1", "--json")
 	r.want(t, exitOK)
-	var imported imageJSON
+	var imported sandbox.ImageInfo
 	if err := json.Unmarshal([]byte(r.stdout), &imported); err != nil || imported.Name != "tools/box:1" {
 		t.Fatalf("import --json: %v %q", err, r.stdout)
 	}
@@ -55,23 +56,35 @@ func TestImageEndToEnd(t *testing.T) {
 		t.Fatalf("ls: %+v", imgs)
 	}
 	for _, img := range imgs {
-		if !strings.HasPrefix(img.ID, "sha256:") || img.Size < 1<<20 || time.Since(img.Imported) > time.Minute ||
-			!strings.HasPrefix(img.Rootfs, filepath.Join(state, imagestore.DirName)+"/") {
+		if !strings.HasPrefix(img.ID, "sha256:") || img.Size < 1<<20 || time.Since(img.Pulled) > time.Minute || img.Layers != 1 {
 			t.Errorf("image %+v", img)
 		}
-		if _, err := os.Stat(filepath.Join(img.Rootfs, "bin", "busybox")); err != nil {
-			t.Error(err)
+	}
+	// The JSON holds the contract's fields and never the config's Env.
+	r = runCLI(t, nil, env, "image", "ls", "--json")
+	var raw []map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &raw); err != nil || len(raw) != 2 {
+		t.Fatalf("ls --json: %v %q", err, r.stdout)
+	}
+	for _, k := range []string{"name", "id", "platform", "size", "shared_size", "layers", "pulled"} {
+		if _, ok := raw[0][k]; !ok {
+			t.Errorf("ls --json lacks %q: %v", k, raw[0])
 		}
+	}
+	if strings.Contains(strings.ToLower(r.stdout), "env") || strings.Contains(r.stdout, imagestoretest.Path) {
+		t.Errorf("ls --json shows the image's environment: %s", r.stdout)
 	}
 
 	// The table shows the size.
 	r = runCLI(t, nil, env, "image", "ls")
 	r.want(t, exitOK)
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	if len(lines) != 3 || !strings.HasPrefix(lines[0], "NAME") || !strings.Contains(lines[0], "SIZE") {
+	if len(lines) != 3 || strings.Join(strings.Fields(lines[0]), " ") != "NAME DIGEST PLATFORM SIZE SHARED PULLED" {
 		t.Fatalf("ls table:\n%s", r.stdout)
 	}
-	if f := strings.Fields(lines[1]); len(f) < 4 || f[0] != "busybox:test" || f[1] != shortImageID(imgs[0].ID) || f[2] != humanBytes(imgs[0].Size) || !strings.HasSuffix(f[2], "MB") {
+	// An import has no manifest digest of its own: "-".
+	if f := strings.Fields(lines[1]); len(f) < 6 || f[0] != "busybox:test" || f[1] != "-" || f[2] != orDash(imgs[0].Platform) ||
+		f[3] != humanBytes(imgs[0].Size) || !strings.HasSuffix(f[3], "MB") || f[4] != humanBytes(imgs[0].SharedSize) || !strings.HasSuffix(lines[1], "ago") && !strings.HasSuffix(lines[1], "now") {
 		t.Errorf("ls row %q", lines[1])
 	}
 	r = runCLI(t, nil, env, "image", "ls", "-q")
@@ -83,11 +96,8 @@ func TestImageEndToEnd(t *testing.T) {
 	r = runCLI(t, nil, env, "image", "import", saved, "--name", "busybox:test")
 	r.want(t, exitOK)
 	again := imageLs(t, env)
-	if len(again) != 2 || again[0].Name != "busybox:test" || again[0].Rootfs == imgs[0].Rootfs {
+	if len(again) != 2 || again[0].Name != "busybox:test" || !again[0].Pulled.After(imgs[0].Pulled) {
 		t.Fatalf("after a second import: %+v", again)
-	}
-	if _, err := os.Stat(imgs[0].Rootfs); !os.IsNotExist(err) {
-		t.Errorf("the replaced image's files are still there: %v", err)
 	}
 
 	// rm; rm of a missing name.

@@ -41,6 +41,9 @@ type providerConfig struct {
 	// disk is the container provider's disk cap; the zero value is its
 	// defaults (the cap on).
 	disk diskConfig
+	// images are the container provider's pull policy, registries and
+	// image size bound; the zero value is its defaults.
+	images imageConfig
 	// logger receives the provider's lifecycle events; nil discards them.
 	logger *slog.Logger
 	// durable makes the provider keep its sessions in a durable ledger,
@@ -89,23 +92,31 @@ var embeddedProviders = []embeddedProvider{
 	{name: container.Name, register: func(reg *sandbox.Registry, c providerConfig) error {
 		return container.Register(reg, func() (container.Options, error) {
 			l, err := c.openLedger(container.Name)
-			return container.Options{
-				Options:            c.kitOptions(l),
-				ProviderOptions:    c.providerOptions(),
-				Runtime:            c.runtime,
-				NetPrefix:          c.netPrefix,
-				EgressAllow:        c.egress.allow,
-				EgressDeny:         c.egress.deny,
-				EgressAllowDomains: c.egress.domains,
-				EgressDNS:          c.egress.dns,
-				DiskOff:            c.disk.off(),
-				DiskMB:             c.disk.mb,
-				DiskInodes:         int(c.disk.inodes),
-				DiskReserveMB:      c.disk.reserve(),
-				DiskPool:           c.disk.pool(c.durable),
-			}, err
+			return c.containerOptions(l), err
 		})
 	}},
+}
+
+// containerOptions are the container provider's options, on ledger l.
+func (c providerConfig) containerOptions(l kit.Ledger) container.Options {
+	return container.Options{
+		Options:            c.kitOptions(l),
+		ProviderOptions:    c.providerOptions(),
+		Runtime:            c.runtime,
+		NetPrefix:          c.netPrefix,
+		EgressAllow:        c.egress.allow,
+		EgressDeny:         c.egress.deny,
+		EgressAllowDomains: c.egress.domains,
+		EgressDNS:          c.egress.dns,
+		DiskOff:            c.disk.off(),
+		DiskMB:             c.disk.mb,
+		DiskInodes:         int(c.disk.inodes),
+		DiskReserveMB:      c.disk.reserve(),
+		DiskPool:           c.disk.pool(c.durable),
+		Pull:               c.images.pull,
+		Registry:           c.images.registry,
+		MaxImageSize:       c.images.maxSize,
+	}
 }
 
 // kitOptions are the kit's options of every embedded provider, on ledger

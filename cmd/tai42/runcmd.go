@@ -33,6 +33,14 @@ policy, provider and state directory are then the daemon's, and the
 With --user, CMD runs as that user of the session, as "tai42 exec --user"
 runs it.
 
+On the container provider, an --image the store lacks is pulled from its
+registry first (--pull missing, the default; see "tai42 image pull"); a
+failed pull is a rejected spec naming the reference and what the registry
+said. --pull, --registry-mirror, --insecure-registry and --max-image-size
+are also $TAI42_PULL, $TAI42_REGISTRY_MIRROR, $TAI42_INSECURE_REGISTRY and
+$TAI42_MAX_IMAGE_SIZE, and keys of the config file $TAI42_CONFIG names, as
+for "tai42 serve"; the host provider pulls nothing (they have no effect).
+
 Exit codes: CMD's own; 124 when CMD exceeded --timeout (the partial output's
 lengths are printed); 2 for a usage error (a malformed --user among them),
 a rejected spec or an unknown provider; 1 for another sandbox error (an
@@ -45,6 +53,9 @@ unknown user among them); 128+N when tai42 got signal N (130 for SIGINT,
   tai42 run --persistent myproj --ttl 1h --timeout 30m -- make
   tai42 run --network egress -- curl -sI https://example.com
   tai42 run --user nobody -- id -un                # as the session's nobody
+  tai42 run --provider container --image python:3.12-slim -- python3 -V
+  tai42 run --provider container --insecure-registry localhost:5000 \
+    --image localhost:5000/python:3.12-slim -- python3 -V
   tai42 run --policy-egress none --network egress -- true   # rejected, exit 2
   TAI42_URL=http://127.0.0.1:4242 tai42 run -- uname -a    # on a daemon`,
 		Args: cobra.ArbitraryArgs,
@@ -57,6 +68,17 @@ unknown user among them); 128+N when tai42 got signal N (130 for SIGINT,
 			rem, err := c.runRemote(cmd.Flags(), rf)
 			if err != nil {
 				return &exitError{code: exitUsage, err: err}
+			}
+			if rem == nil {
+				// Before resolving, which marks what it sets as changed.
+				for _, s := range imageSettings {
+					if cmd.Flags().Changed(s.flag) {
+						p.imageFlags = append(p.imageFlags, "--"+s.flag)
+					}
+				}
+				if p.images, err = resolveImageSettings(cmd.Flags(), &f.images, c.lookupEnv); err != nil {
+					return &exitError{code: exitUsage, err: err}
+				}
 			}
 			if code := c.runPlan(p, rem); code != exitOK {
 				return &exitError{code: code}
@@ -82,6 +104,7 @@ unknown user among them); 128+N when tai42 got signal N (130 for SIGINT,
 	fl.StringVar(&f.policyEgress, "policy-egress", string(defaultPolicy.Egress), "policy: the loosest network a session may have (none, internal, egress; embedded only)")
 	fl.StringVar(&f.policyIsolation, "policy-isolation", string(defaultPolicy.Isolation), "policy: the weakest isolation a session may have (none, container, vm; embedded only)")
 	fl.BoolVar(&f.policyDurable, "policy-durable", defaultPolicy.Durable, "policy: allow persistent sessions (--policy-durable=false forbids them; embedded only)")
+	addImageFlags(fl, &f.images)
 	addRemoteFlags(fl, &rf)
 	return cmd
 }
@@ -102,7 +125,8 @@ func addSessionFlags(fl *pflag.FlagSet, f *runFlags) {
 
 // embeddedOnlyFlags are the flags of "tai42 run" that shape the embedded
 // provider, not a session: a daemon has its own.
-var embeddedOnlyFlags = []string{"policy-egress", "policy-isolation", "policy-durable", "provider", "state-dir"}
+var embeddedOnlyFlags = []string{"policy-egress", "policy-isolation", "policy-durable", "provider", "state-dir",
+	"pull", "registry-mirror", "insecure-registry", "max-image-size"}
 
 // runRemote returns the daemon "tai42 run" uses, or nil for the embedded
 // provider. Given a daemon, a flag of embeddedOnlyFlags is a usage error:
@@ -114,7 +138,7 @@ func (c *cli) runRemote(fl *pflag.FlagSet, rf remoteFlags) (*remote, error) {
 	}
 	for _, name := range embeddedOnlyFlags {
 		if fl.Changed(name) {
-			return nil, fmt.Errorf("--%s does not apply to a daemon (%s names one): the policy, the provider and the state directory are the daemon's, set by `tai42 serve`; to run on the embedded provider, leave --url out and set %s empty", name, r.urlFrom, urlEnv)
+			return nil, fmt.Errorf("--%s does not apply to a daemon (%s names one): the policy, the provider, the state directory and how images are pulled are the daemon's, set by `tai42 serve`; to run on the embedded provider, leave --url out and set %s empty", name, r.urlFrom, urlEnv)
 		}
 	}
 	return &r, nil

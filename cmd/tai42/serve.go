@@ -65,6 +65,22 @@ the file are relative to its directory. Unknown keys are an error.
   --max-body-bytes           TAI42_MAX_BODY_BYTES           [limits] max_body_bytes
   --max-output-bytes         TAI42_MAX_OUTPUT_BYTES         [limits] max_output_bytes
   --shutdown-grace           TAI42_SHUTDOWN_GRACE           [limits] shutdown_grace
+  --pull                     TAI42_PULL                     [images] pull
+  --max-image-size           TAI42_MAX_IMAGE_SIZE           [images] max_size
+  --registry-mirror          TAI42_REGISTRY_MIRROR          [registry] mirrors
+  --insecure-registry        TAI42_INSECURE_REGISTRY        [registry] insecure
+
+Images: a create whose image the container provider's store lacks pulls
+it first (--pull missing, the default; always pulls on every create, never
+rejects it), concurrent creates of one image sharing one pull; a failed
+pull rejects the spec, naming the reference and the registry's answer.
+Registries are reached over verified HTTPS with the docker config's
+credentials ($DOCKER_CONFIG, ~/.docker/config.json); --insecure-registry
+allows plain HTTP or unverified TLS for one registry, --registry-mirror is
+tried first for Docker Hub's images. The host provider pulls nothing: the
+image settings then have no effect (a warning says so). List values
+(mirrors, insecure registries, the egress lists) are comma-separated in a
+variable.
 
 Durations are Go durations ("90s", "5m"). An example config file with every
 key is cmd/tai42/example/tai42.toml in the source tree.
@@ -162,6 +178,7 @@ func (c *cli) serve(cfg serveConfig) error {
 		netPrefix:      cfg.netPrefix,
 		egress:         cfg.egress,
 		disk:           cfg.disk,
+		images:         cfg.images,
 		logger:         log,
 		durable:        true,
 	})
@@ -189,6 +206,9 @@ func (c *cli) serve(cfg serveConfig) error {
 		// fences here, and plain egress use is not refused.
 		log.Warn("the host runner does not fence egress: isolation none shares the host's network, so a session with network egress reaches what the host reaches, private networks and a cloud's metadata service included; serve --provider container for fenced egress")
 		log.Warn("the host runner does not cap a session's disk: a session may fill the state directory's filesystem; serve --provider container for a cap")
+		if len(cfg.images.given) > 0 {
+			log.Warn("the host runner pulls no images (its one image is \"host\"): the image settings have no effect", "settings", strings.Join(cfg.images.given, ", "))
+		}
 	}
 	if len(token) < minTokenLen {
 		log.Warn("the token is short: anyone who can reach the daemon may guess it; use 32 random bytes (the generated token) or more", "length", len(token))

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/kit"
+	"github.com/tai42/sandbox/provider/host"
 )
 
 // cleanupTimeout bounds the teardown (kill, destroy, close) of one run.
@@ -50,7 +52,10 @@ func (c *cli) runPlan(p plan, rem *remote) int {
 	if err != nil {
 		return c.fail(usagef(err))
 	}
-	sb, closeSB, err := openProvider(p.provider, providerConfig{stateDir: stateDir, policy: p.policy, reapInterval: cliReapInterval})
+	if p.provider == host.Name && len(p.imageFlags) > 0 {
+		c.warn(fmt.Errorf("the host runner pulls no images (its one image is %q): %s have no effect", sandbox.HostImage, strings.Join(p.imageFlags, ", ")))
+	}
+	sb, closeSB, err := openProvider(p.provider, providerConfig{stateDir: stateDir, policy: p.policy, reapInterval: cliReapInterval, images: p.images})
 	if err != nil {
 		return c.fail(err)
 	}

@@ -33,6 +33,8 @@ type runFlags struct {
 	policyEgress    string
 	policyIsolation string
 	policyDurable   bool
+
+	images imageFlags // the embedded container provider's pulls
 }
 
 // Defaults of "tai42 run".
@@ -70,6 +72,11 @@ type plan struct {
 	provider string
 	stateDir string
 	noStdin  bool
+	images   imageConfig // the embedded provider's; unused on a daemon
+	// imageFlags are the image flags the command line gave (for the host
+	// runner's warning: settings from the environment or the config file,
+	// meant for the container provider, are ignored quietly).
+	imageFlags []string
 }
 
 // buildPlan validates the flags and the command and builds the session spec

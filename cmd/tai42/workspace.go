@@ -61,7 +61,7 @@ MODIFIED (the last change to its top directory, RFC 3339) and IN USE BY
 			return c.daemonCall(rf, func(ctx context.Context, _ *interruption, cl *client.Client) error {
 				infos, err := cl.ListWorkspaces(ctx)
 				if err != nil {
-					return c.workspaceRouteErr(err)
+					return c.routeErr(err, "workspace")
 				}
 				out := cmd.OutOrStdout()
 				switch {
@@ -134,7 +134,7 @@ a key that cannot name a workspace (1 to 128 letters, digits, '.', '_' and
 					if ctx.Err() != nil || errors.As(err, &op) || errors.As(err, &te) {
 						// Interrupted, no daemon to try the others on, or the
 						// daemon refused the request itself (a token, a route).
-						return c.workspaceRouteErr(err)
+						return c.routeErr(err, "workspace")
 					}
 					errs = append(errs, fmt.Errorf("%s: %w", key, err))
 					if sandbox.ValidWorkspaceKey(key) != nil {
@@ -154,16 +154,16 @@ a key that cannot name a workspace (1 to 128 letters, digits, '.', '_' and
 	return cmd
 }
 
-// workspaceRouteErr explains a daemon that does not know the workspace
-// routes (one older than them): its not_found names the route only.
-func (c *cli) workspaceRouteErr(err error) error {
+// routeErr explains a daemon that does not know the routes of what (one
+// older than them): its not_found names the route only.
+func (c *cli) routeErr(err error, what string) error {
 	var te *api.TransportError
 	if errors.As(err, &te) && te.Kind == api.KindNotFound {
 		where := "the daemon"
 		if c.remote != nil {
 			where += " at " + c.remote.url
 		}
-		return fmt.Errorf("%w (%s does not serve the workspace routes: is it an older tai42?)", err, where)
+		return fmt.Errorf("%w (%s does not serve the %s routes: is it an older tai42?)", err, where, what)
 	}
 	return err
 }

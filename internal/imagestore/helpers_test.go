@@ -28,6 +28,10 @@ func TestMain(m *testing.M) {
 		helperProcess()
 		return
 	}
+	if os.Getenv(importHelperEnv) != "" {
+		importHelperProcess()
+		return
+	}
 	goleak.VerifyTestMain(m)
 }
 
@@ -222,8 +226,9 @@ func openStore(t testing.TB) *Store {
 	return s
 }
 
-// assertClean checks that the store holds exactly the image directories
-// of its index, and no import or removal leftovers.
+// assertClean checks that the store holds exactly the image versions of
+// its index, each indexed layer whole, and no import or removal
+// leftovers.
 func assertClean(t testing.TB, s *Store) {
 	t.Helper()
 	for _, sub := range []string{tmpDirName, trashDirName} {
@@ -242,22 +247,61 @@ func assertClean(t testing.TB, s *Store) {
 	var want []string
 	for _, e := range ix.Images {
 		want = append(want, e.Dir)
+		for _, k := range e.Layers {
+			for _, p := range []string{layerFSDir, layerMetaFile} {
+				if _, err := os.Stat(filepath.Join(s.layerPath(k), p)); err != nil {
+					t.Errorf("image %s: layer %s: %v", e.Name, k, err)
+				}
+			}
+		}
 	}
-	var got []string
-	ents, err := os.ReadDir(s.dir)
+	got := dirNames(t, filepath.Join(s.dir, imagesDirName))
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("image versions %v, index names %v", got, want)
+	}
+	for _, n := range dirNames(t, s.dir) {
+		if imageDirPattern().MatchString(n) {
+			t.Errorf("a version-1 image directory %s left at the top", n)
+		}
+	}
+}
+
+// assertNoUnusedLayers checks that every layer of the store is one of an
+// indexed image.
+func assertNoUnusedLayers(t testing.TB, s *Store) {
+	t.Helper()
+	ix, err := s.readIndex()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range ents {
-		if imageDirPattern().MatchString(e.Name()) {
-			got = append(got, e.Name())
+	var want []string
+	for _, e := range ix.Images {
+		for _, k := range e.Layers {
+			want = append(want, keyDir(k))
 		}
 	}
 	slices.Sort(want)
-	slices.Sort(got)
-	if !slices.Equal(got, want) {
-		t.Errorf("image directories %v, index names %v", got, want)
+	want = slices.Compact(want)
+	if got := dirNames(t, filepath.Join(s.dir, layersDirName)); !slices.Equal(got, want) {
+		t.Errorf("layers %v, the indexed images use %v", got, want)
 	}
+}
+
+// dirNames lists the directories in dir, sorted.
+func dirNames(t testing.TB, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		if e.IsDir() {
+			names = append(names, e.Name())
+		}
+	}
+	return names
 }
 
 // mustImport imports file under name and fails the test on an error.

@@ -5,11 +5,8 @@ import (
 	"bufio"
 	"compress/gzip"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -19,14 +16,11 @@ import (
 	"slices"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/tai42/sandbox/internal/flock"
 	"golang.org/x/sys/unix"
 )
 
@@ -65,14 +59,15 @@ const (
 // of several platforms (a multi-platform image) gives the linux one of
 // this machine's architecture.
 //
-// The image's layers are flattened (whiteouts applied) and unpacked,
-// streaming, into a new directory, keeping modes (setuid bits included),
-// owners (when running as root) and modification times; device nodes and
-// fifos are skipped (the runtime provides /dev). Each layer is checked
-// against its digest in the image config. A hostile entry fails the
-// import: nothing is ever written outside the new directory or through a
-// symlink. Only a complete image is renamed into the store: a failed or
-// cancelled Import leaves nothing behind.
+// Each layer the store lacks is unpacked, streaming, into a layer
+// directory of its own, shared with every image that has it (see addImage
+// and extractLayer), keeping modes (setuid bits included), owners (when
+// running as root) and modification times. Each layer is checked against
+// its digest in the image config. A hostile entry fails the import:
+// nothing is ever written outside the new layer's directory or through a
+// symlink. Only a complete image is committed: a failed or cancelled
+// Import leaves no image and no half layer behind (the layers it
+// completed stay, for Prune or a later import to take).
 //
 // An existing image of the same name is replaced atomically: sessions
 // that acquired the old version keep using it until they release it,
@@ -117,159 +112,6 @@ func (s *Store) importImage(ctx context.Context, file, want string) (Image, erro
 		return Image{}, fmt.Errorf("%w: reading image %s: %w", ErrInvalidImage, c.label(), err)
 	}
 	return s.addImage(ctx, st, addRequest{Name: canon, Image: img, Label: c.label()})
-}
-
-// addRequest is an image to add to the store under Name: imported from a
-// file, or pulled from a registry.
-type addRequest struct {
-	Name   string   // canonical (see CanonicalName)
-	Image  v1.Image // its layers are read through Fetch
-	Label  string   // names the image in errors: a file's image, or the reference pulled
-	Digest string   // the manifest digest it was pulled by; "" for an import without one
-	// Fetch opens a layer's uncompressed tar stream; nil is
-	// l.Uncompressed(). A pull passes one that counts the bytes fetched
-	// for its progress. The store checks the stream against the layer's
-	// DiffID itself.
-	Fetch func(l v1.Layer) (io.ReadCloser, error)
-	// Events, when set, is told of each layer the store has already
-	// (sandbox.PullLayerExists) and of each it has unpacked
-	// (sandbox.PullLayerDone).
-	Events func(layer v1.Hash, status string)
-}
-
-// addImage unpacks req's image in st and commits it under req.Name.
-func (s *Store) addImage(ctx context.Context, st *stage, req addRequest) (Image, error) {
-	img := req.Image
-	cfg, err := img.ConfigFile()
-	if err != nil {
-		return Image{}, fmt.Errorf("%w: reading the config of image %s: %w", ErrInvalidImage, req.Label, err)
-	}
-	id, err := img.ConfigName()
-	if err != nil {
-		return Image{}, fmt.Errorf("%w: image %s: %w", ErrInvalidImage, req.Label, err)
-	}
-	if (cfg.OS != "" && cfg.OS != "linux") || (cfg.Architecture != "" && cfg.Architecture != runtime.GOARCH) {
-		return Image{}, fmt.Errorf("%w: image %s is for %s/%s; this machine runs linux/%s", ErrInvalidImage, req.Label, cfg.OS, cfg.Architecture, runtime.GOARCH)
-	}
-
-	rootfs := filepath.Join(st.dir, rootfsDir)
-	if err := os.Mkdir(rootfs, 0o755); err != nil {
-		return Image{}, err
-	}
-	flat := mutate.Extract(verifiedImage{img})
-	err = extractTar(ctx, flat, rootfs, extractOptions{keepOwners: os.Geteuid() == 0, keepLinks: true})
-	flat.Close()
-	if err != nil {
-		return Image{}, err
-	}
-	if err := removeAll(filepath.Join(st.dir, "src")); err != nil {
-		return Image{}, err
-	}
-	size, err := diskUsage(rootfs)
-	if err != nil {
-		return Image{}, err
-	}
-	if err := syncFS(rootfs); err != nil {
-		return Image{}, err
-	}
-	e := indexEntry{
-		Name:       req.Name,
-		ID:         id.String(),
-		Size:       size,
-		Imported:   time.Now().UTC().Round(time.Millisecond),
-		Env:        cfg.Config.Env,
-		WorkingDir: cfg.Config.WorkingDir,
-	}
-	if e, err = st.commit(ctx, e, id); err != nil {
-		return Image{}, err
-	}
-	return s.image(e), nil
-}
-
-// stage is an import in progress: a directory under tmp/ whose lock file
-// the import holds exclusively, so no collection deletes it.
-type stage struct {
-	s         *Store
-	dir       string
-	lock      *os.File
-	committed bool
-}
-
-func (s *Store) newStage() (*stage, error) {
-	st := &stage{s: s}
-	err := s.withLock(func() error {
-		dir, err := os.MkdirTemp(filepath.Join(s.dir, tmpDirName), "import-")
-		if err != nil {
-			return err
-		}
-		f, err := os.OpenFile(filepath.Join(dir, imageLockFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			_ = os.RemoveAll(dir)
-			return err
-		}
-		if err := flock.Lock(f, syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-			f.Close()
-			_ = os.RemoveAll(dir)
-			return err
-		}
-		st.dir, st.lock = dir, f
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("image store: starting an import: %w", err)
-	}
-	return st, nil
-}
-
-// commit renames the stage into the store as e's directory and points e's
-// name at it, replacing any previous version.
-func (st *stage) commit(ctx context.Context, e indexEntry, id v1.Hash) (indexEntry, error) {
-	if err := ctx.Err(); err != nil {
-		return e, err
-	}
-	s := st.s
-	var trash []string
-	err := s.withLock(func() error {
-		ix, err := s.readIndex()
-		if err != nil {
-			return err
-		}
-		e.Dir = id.Algorithm + "-" + id.Hex + "-" + randomHex(8)
-		if !imageDirPattern().MatchString(e.Dir) {
-			return fmt.Errorf("%w: image ID %s is not a digest this store can name a directory by", ErrInvalidImage, id)
-		}
-		if err := os.Rename(st.dir, filepath.Join(s.dir, e.Dir)); err != nil {
-			return err
-		}
-		st.dir = filepath.Join(s.dir, e.Dir)
-		if i := ix.find(e.Name); i >= 0 {
-			ix.Images[i] = e
-		} else {
-			ix.Images = append(ix.Images, e)
-		}
-		if err := s.writeIndex(ix); err != nil {
-			return err
-		}
-		st.committed = true
-		// Unlock before the store lock goes, so Acquire never waits.
-		st.lock.Close()
-		trash = s.collect(ix)
-		return nil
-	})
-	s.emptyTrash(trash)
-	if err != nil {
-		return e, fmt.Errorf("image store: %w", err)
-	}
-	return e, nil
-}
-
-// abort deletes an uncommitted stage.
-func (st *stage) abort() {
-	if st.committed {
-		return
-	}
-	_ = removeAll(st.dir)
-	st.lock.Close()
 }
 
 // needNameError is choose's error: it matches ErrInvalidImage and
@@ -603,67 +445,6 @@ func platformImage(idx v1.ImageIndex) (v1.Image, error) {
 	}
 	return nil, fmt.Errorf("no image for linux/%s among its platforms (%s)", runtime.GOARCH, strings.Join(have, ", "))
 }
-
-// verifiedImage is an image whose layers check their uncompressed content
-// against the diff IDs of the image's config (which the image ID is the
-// digest of) as they are read to the end, which mutate.Extract does.
-type verifiedImage struct{ v1.Image }
-
-func (v verifiedImage) Layers() ([]v1.Layer, error) {
-	ls, err := v.Image.Layers()
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := v.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	if len(cfg.RootFS.DiffIDs) != len(ls) {
-		return nil, fmt.Errorf("the image has %d layers but its config lists %d diff IDs", len(ls), len(cfg.RootFS.DiffIDs))
-	}
-	out := make([]v1.Layer, len(ls))
-	for i, l := range ls {
-		out[i] = verifiedLayer{Layer: l, n: i + 1, diffID: cfg.RootFS.DiffIDs[i]}
-	}
-	return out, nil
-}
-
-type verifiedLayer struct {
-	v1.Layer
-	n      int
-	diffID v1.Hash
-}
-
-func (l verifiedLayer) Uncompressed() (io.ReadCloser, error) {
-	if l.diffID.Algorithm != "sha256" {
-		return nil, fmt.Errorf("layer %d: unsupported digest algorithm %q", l.n, l.diffID.Algorithm)
-	}
-	rc, err := l.Layer.Uncompressed()
-	if err != nil {
-		return nil, err
-	}
-	return &verifyReader{rc: rc, h: sha256.New(), want: l.diffID, n: l.n}, nil
-}
-
-type verifyReader struct {
-	rc   io.ReadCloser
-	h    hash.Hash
-	want v1.Hash
-	n    int
-}
-
-func (r *verifyReader) Read(p []byte) (int, error) {
-	n, err := r.rc.Read(p)
-	r.h.Write(p[:n])
-	if errors.Is(err, io.EOF) {
-		if got := hex.EncodeToString(r.h.Sum(nil)); got != r.want.Hex {
-			return n, fmt.Errorf("layer %d does not match its digest in the image config (%s, got sha256:%s)", r.n, r.want, got)
-		}
-	}
-	return n, err
-}
-
-func (r *verifyReader) Close() error { return r.rc.Close() }
 
 // diskUsage sums the blocks allocated to the tree at dir, counting a
 // hardlinked file once.

@@ -2,6 +2,7 @@ package imagestore
 
 import (
 	"cmp"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -16,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/flock"
 )
 
@@ -35,17 +37,29 @@ var ErrInUse = errors.New("image in use")
 
 // Layout of a store directory:
 //
-//	lock            flock(2)ed exclusively while the index or the set of
-//	                image directories changes
-//	index.json      the names: name -> image directory and metadata,
-//	                replaced atomically (rename)
-//	<alg>-<hex>-<r> one directory per import, named by the image ID and a
-//	                random suffix: "lock" (shared-locked while acquired)
-//	                and "rootfs"
-//	tmp/<r>         imports in progress, each holding an exclusive lock on
-//	                its "lock" file
-//	trash/          directories being removed
+//	lock                 flock(2)ed exclusively while the index, the set
+//	                     of image versions or the set of layers changes
+//	index.json           the names (version 2): name -> image version, its
+//	                     layers and its config, replaced atomically
+//	layers/<key>/        one unpacked layer, shared by every image that has
+//	                     it: fs/ (the tree, in overlayfs's format) and
+//	                     meta.json (see layerMeta); committed by a rename
+//	images/<alg>-<hex>-<r>/
+//	                     one image version per import or pull, named by the
+//	                     image ID and a random suffix: "lock" (shared-locked
+//	                     while acquired) and config.json (see versionRecord)
+//	tmp/<r>/             stages (imports and pulls in progress), each
+//	                     holding an exclusive lock on its "lock" file, with
+//	                     the config.json of the version it will commit (so
+//	                     a collection keeps the layers it uses) and the
+//	                     layers it is unpacking
+//	trash/               directories being removed
 //
+// A layer's key is its diffID ("sha256:<hex>", directory sha256-<hex>);
+// a layer migrated from a version-1 store, the flattened root filesystem
+// of one image, is keyed "v1:<its old directory>" (directory
+// v1-<alg>-<hex>-<r>), which no diffID can be.
+
 // DefaultMaxImageSize bounds the bytes an image's layers unpack to (the
 // apparent size of their files), unless the store is opened with another.
 const DefaultMaxImageSize int64 = 20 << 30
@@ -55,61 +69,81 @@ const (
 	indexFile     = "index.json"
 	tmpDirName    = "tmp"
 	trashDirName  = "trash"
+	layersDirName = "layers"
+	imagesDirName = "images"
 	imageLockFile = "lock"
-	rootfsDir     = "rootfs"
-	indexVersion  = 1
+	configFile    = "config.json"
+	indexVersion  = 2
 )
 
-// imageDirPattern matches the name of an image directory.
+// imageDirPattern matches the name of an image version directory (and of
+// a version-1 store's image directory).
 var imageDirPattern = lazyRegexp(`^[a-z0-9]+-[0-9a-f]{32,128}-[0-9a-f]{16}$`)
 
 // Image is an image of the store.
 type Image struct {
 	Name       string    // canonical name (see CanonicalName), e.g. "busybox:latest"
 	ID         string    // content digest of the image's config, e.g. "sha256:0123…" (docker's IMAGE ID)
-	Size       int64     // bytes the unpacked rootfs takes on disk (allocated blocks; a hardlinked file counts once)
-	Imported   time.Time // when it was imported under Name (goes: Pulled)
-	Env        []string  // the image config's Env, "KEY=VALUE" each
-	WorkingDir string    // the image config's WorkingDir, "" for none
-	// Filled by the layered store (the "store" part), which also drops
-	// Rootfs and Imported for Layers and Pulled:
 	Digest     string    // the manifest digest it was pulled by; "" for an import without one
 	Platform   string    // "os/arch[/variant]" of its config
-	SharedSize int64     // the part of Size in layers other images use too
+	Size       int64     // bytes its layers take on disk (allocated blocks; a hardlinked file counts once)
+	SharedSize int64     // the part of Size in layers another image of the store uses too
 	Pulled     time.Time // when it was pulled or imported under Name
+	Env        []string  // the image config's Env, "KEY=VALUE" each
+	WorkingDir string    // the image config's WorkingDir, "" for none
 	User       string    // the image config's User
 	Entrypoint []string  // the image config's Entrypoint
 	Cmd        []string  // the image config's Cmd
-	Rootfs     string    // absolute path of the unpacked root filesystem; never contains ':' put there by the store
 	// Layers are the absolute paths of the image's unpacked layers, lowest
 	// first, for an overlay's lowerdirs (the top one given first to
-	// overlayfs); none contains ':' or ','.
+	// overlayfs); none contains ':' or ','. An image may have none.
 	Layers []string
 }
 
 // Store is a directory of images imported from OCI layouts and docker save
-// tarballs; no registry is ever contacted.
+// tarballs, or pulled from registries, their layers stored once each.
 //
 // A Store is safe for concurrent use by many goroutines, and several
-// processes may open the same directory: every change happens under an
-// exclusive flock(2) of the store's lock file, and the index of names is
-// replaced atomically, so readers (List, Get) never see a partial state.
-// An image stays on disk while any process has acquired it (a shared
-// flock(2) on a file of its directory), even after its name was removed
-// or replaced; it is deleted once the last holder releases it.
+// processes may open the same directory: every change of the index, of
+// the image versions or of the layers happens under an exclusive flock(2)
+// of the store's lock file (but the commit of a layer: an atomic rename),
+// and the index of names is replaced atomically, so readers (List, Get)
+// never see a partial state. An image version stays on disk, its layers
+// too, while any process has acquired it (a shared flock(2) on a file of
+// its directory), even after its name was removed or replaced.
 type Store struct {
-	dir string // absolute
+	dir     string // absolute
+	maxSize int64  // the budget of each image's unpacked files
+}
+
+// Option is an option of Open.
+type Option func(*Store)
+
+// WithMaxImageSize bounds the bytes each image's layers unpack to (the
+// apparent size of their files); an import or pull beyond it fails with
+// an error matching ErrTooLarge. n <= 0 is DefaultMaxImageSize.
+func WithMaxImageSize(n int64) Option {
+	return func(s *Store) {
+		if n > 0 {
+			s.maxSize = n
+		}
+	}
 }
 
 // indexEntry is one name of the index.
 type indexEntry struct {
 	Name       string    `json:"name"`
 	ID         string    `json:"id"`
-	Dir        string    `json:"dir"` // base name of the image directory
-	Size       int64     `json:"size"`
-	Imported   time.Time `json:"imported"`
+	Dir        string    `json:"dir"`    // base name of the image version directory, under images/
+	Layers     []string  `json:"layers"` // layer keys (diffIDs), lowest first
+	Digest     string    `json:"digest,omitempty"`
+	Platform   string    `json:"platform,omitempty"`
+	Pulled     time.Time `json:"pulled"`
 	Env        []string  `json:"env,omitempty"`
 	WorkingDir string    `json:"working_dir,omitempty"`
+	User       string    `json:"user,omitempty"`
+	Entrypoint []string  `json:"entrypoint,omitempty"`
+	Cmd        []string  `json:"cmd,omitempty"`
 }
 
 type index struct {
@@ -122,10 +156,14 @@ func (ix *index) find(name string) int {
 }
 
 // Open opens the store in dir, creating dir (mode 0700) and its layout if
-// missing, and removes what interrupted imports and removals left behind.
-// dir must not contain ':' or ',', which overlayfs's mount options cannot
-// carry in a lower directory's path.
-func Open(dir string) (*Store, error) {
+// missing, migrating a version-1 store (one flattened root filesystem per
+// image) to the layered one, and removes what interrupted imports, pulls
+// and removals left behind: stages no process holds, image versions
+// nothing names or holds, the trash. Committed layers stay, used or not
+// (a restarted pull resumes from them; Prune removes them). dir must not
+// contain ':' or ',', which overlayfs's mount options cannot carry in a
+// lower directory's path.
+func Open(dir string, opts ...Option) (*Store, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, fmt.Errorf("image store %s: %w", dir, err)
@@ -133,19 +171,28 @@ func Open(dir string) (*Store, error) {
 	if strings.ContainsAny(abs, ":,") {
 		return nil, fmt.Errorf("image store %s: the path contains ':' or ',', which overlayfs cannot take in a lower directory: choose another state directory", abs)
 	}
-	for _, d := range []string{abs, filepath.Join(abs, tmpDirName), filepath.Join(abs, trashDirName)} {
+	for _, d := range []string{abs, tmpDirName, trashDirName, layersDirName, imagesDirName} {
+		if !filepath.IsAbs(d) {
+			d = filepath.Join(abs, d)
+		}
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("image store: %w", err)
 		}
 	}
-	s := &Store{dir: abs}
+	s := &Store{dir: abs, maxSize: DefaultMaxImageSize}
+	for _, o := range opts {
+		o(s)
+	}
 	var trash []string
 	err = s.withLock(func() error {
+		if err := s.migrate(); err != nil {
+			return err
+		}
 		ix, err := s.readIndex()
 		if err != nil {
 			return err
 		}
-		trash = s.collect(ix)
+		trash = s.collect(ix, gcNone).trash
 		return nil
 	})
 	if err != nil {
@@ -165,9 +212,10 @@ func (s *Store) List() ([]Image, error) {
 	if err != nil {
 		return nil, err
 	}
+	v := s.view(ix)
 	imgs := make([]Image, len(ix.Images))
 	for i, e := range ix.Images {
-		imgs[i] = s.image(e)
+		imgs[i] = v.image(e)
 	}
 	slices.SortFunc(imgs, func(a, b Image) int { return cmp.Compare(a.Name, b.Name) })
 	return imgs, nil
@@ -175,8 +223,8 @@ func (s *Store) List() ([]Image, error) {
 
 // Get returns the image named name (any spelling CanonicalName accepts).
 // An image the store does not hold is an error matching ErrNotFound; an
-// invalid name one matching ErrInvalidName. Its Rootfs may be removed at
-// any time by Remove or a replacing Import: a session uses Acquire.
+// invalid name one matching ErrInvalidName. Its Layers may be removed at
+// any time by Remove or Prune: a session uses Acquire.
 func (s *Store) Get(name string) (Image, error) {
 	canon, err := CanonicalName(name)
 	if err != nil {
@@ -190,17 +238,18 @@ func (s *Store) Get(name string) (Image, error) {
 	if i < 0 {
 		return Image{}, s.notFound(canon)
 	}
-	return s.image(ix.Images[i]), nil
+	return s.view(ix).image(ix.Images[i]), nil
 }
 
 // Acquire returns the image named name for a session, and a release
-// function the session calls when it no longer uses the image's Rootfs.
+// function the session calls when it no longer uses the image's Layers.
 // Until then (across processes: it holds a shared flock(2) on a file of
-// the image), Remove refuses the image with an error matching ErrInUse,
-// and a replacing Import or a Remove of the name leaves this version's
-// directory in place; release deletes such an orphaned version once no
-// other holder remains. release is safe to call more than once and from
-// any goroutine. Errors: ErrNotFound, ErrInvalidName, or the I/O failure.
+// the image version), Remove refuses the image with an error matching
+// ErrInUse, and a replacing Import or Pull, a Remove of another image or a
+// Prune leave this version and its layers in place; release deletes such
+// an orphaned version once no other holder remains. release is safe to
+// call more than once and from any goroutine. Errors: ErrNotFound,
+// ErrInvalidName, or the I/O failure.
 func (s *Store) Acquire(name string) (Image, func(), error) {
 	canon, err := CanonicalName(name)
 	if err != nil {
@@ -218,7 +267,7 @@ func (s *Store) Acquire(name string) (Image, func(), error) {
 			return s.notFound(canon)
 		}
 		e := ix.Images[i]
-		f, err := os.Open(filepath.Join(s.dir, e.Dir, imageLockFile))
+		f, err := os.Open(s.versionPath(e.Dir, imageLockFile))
 		if err != nil {
 			return fmt.Errorf("image %s: %w", canon, err)
 		}
@@ -226,7 +275,7 @@ func (s *Store) Acquire(name string) (Image, func(), error) {
 			f.Close()
 			return fmt.Errorf("image %s: locking: %w", canon, err)
 		}
-		img, lock = s.image(e), f
+		img, lock = s.view(ix).image(e), f
 		return nil
 	})
 	if err != nil {
@@ -238,26 +287,18 @@ func (s *Store) Acquire(name string) (Image, func(), error) {
 			lock.Close()
 			// The version may have been replaced or removed meanwhile:
 			// delete it now if this was its last holder.
-			var trash []string
-			if s.withLock(func() error {
-				ix, err := s.readIndex()
-				if err != nil {
-					return err
-				}
-				trash = s.collect(ix)
-				return nil
-			}) == nil {
-				s.emptyTrash(trash)
-			}
+			s.collectNow(gcReleased)
 		})
 	}
 	return img, release, nil
 }
 
-// Remove deletes the image named name: its name at once, its files before
-// Remove returns. An image that is acquired (by any process) is refused
-// with an error matching ErrInUse and left as it was; a name the store
-// does not hold is an error matching ErrNotFound.
+// Remove deletes the image named name: its name at once, its image
+// version and every layer no other image (indexed, or acquired by a
+// session) and no import or pull in progress uses, before Remove returns.
+// An image that is acquired (by any process) is refused with an error
+// matching ErrInUse and left as it was; a name the store does not hold is
+// an error matching ErrNotFound.
 func (s *Store) Remove(name string) error {
 	canon, err := CanonicalName(name)
 	if err != nil {
@@ -274,7 +315,7 @@ func (s *Store) Remove(name string) error {
 			return s.notFound(canon)
 		}
 		e := ix.Images[i]
-		f, err := os.Open(filepath.Join(s.dir, e.Dir, imageLockFile))
+		f, err := os.Open(s.versionPath(e.Dir, imageLockFile))
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("removing image %s: %w", canon, err)
 		}
@@ -293,29 +334,100 @@ func (s *Store) Remove(name string) error {
 		}
 		// Holding the exclusive lock, no one can acquire it any more: move
 		// it aside now, delete it outside the store lock.
-		if t, err := s.toTrash(e.Dir); err == nil {
+		if t, err := s.toTrash(filepath.Join(imagesDirName, e.Dir)); err == nil {
 			trash = append(trash, t)
 		}
-		trash = append(trash, s.collect(ix)...)
+		trash = append(trash, s.collect(ix, gcAll).trash...)
 		return nil
 	})
 	s.emptyTrash(trash)
 	return err
 }
 
-// image turns an index entry into an Image.
-func (s *Store) image(e indexEntry) Image {
-	return Image{
+// Prune removes every layer no image (indexed, or acquired by a session)
+// and no import or pull in progress uses, and the image versions no name
+// refers to and no session holds. It returns what it removed.
+func (s *Store) Prune(ctx context.Context) (sandbox.PruneResult, error) {
+	if err := ctx.Err(); err != nil {
+		return sandbox.PruneResult{}, err
+	}
+	var g garbage
+	err := s.withLock(func() error {
+		ix, err := s.readIndex()
+		if err != nil {
+			return err
+		}
+		g = s.collect(ix, gcAll)
+		return nil
+	})
+	s.emptyTrash(g.trash)
+	if err != nil {
+		return sandbox.PruneResult{}, err
+	}
+	return sandbox.PruneResult{Layers: g.layers, Bytes: g.bytes}, nil
+}
+
+// view turns index entries into Images: it knows every indexed layer's
+// size and how many images use it.
+type view struct {
+	s     *Store
+	sizes map[string]int64
+	users map[string]int
+}
+
+func (s *Store) view(ix *index) *view {
+	v := &view{s: s, sizes: map[string]int64{}, users: map[string]int{}}
+	for _, e := range ix.Images {
+		for _, k := range uniq(e.Layers) {
+			v.users[k]++
+			if _, ok := v.sizes[k]; !ok {
+				v.sizes[k] = s.layerSize(k)
+			}
+		}
+	}
+	return v
+}
+
+func (v *view) image(e indexEntry) Image {
+	img := Image{
 		Name:       e.Name,
 		ID:         e.ID,
-		Size:       e.Size,
-		Imported:   e.Imported,
+		Digest:     e.Digest,
+		Platform:   e.Platform,
+		Pulled:     e.Pulled,
 		Env:        slices.Clone(e.Env),
 		WorkingDir: e.WorkingDir,
-		Rootfs:     filepath.Join(s.dir, e.Dir, rootfsDir),
-		Layers:     []string{filepath.Join(s.dir, e.Dir, rootfsDir)},
-		Pulled:     e.Imported,
+		User:       e.User,
+		Entrypoint: slices.Clone(e.Entrypoint),
+		Cmd:        slices.Clone(e.Cmd),
+		Layers:     make([]string, len(e.Layers)),
 	}
+	for i, k := range e.Layers {
+		img.Layers[i] = v.s.layerFS(k)
+	}
+	for _, k := range uniq(e.Layers) {
+		img.Size += v.sizes[k]
+		if v.users[k] > 1 {
+			img.SharedSize += v.sizes[k]
+		}
+	}
+	return img
+}
+
+// uniq is keys without repeats, in order.
+func uniq(keys []string) []string {
+	out := make([]string, 0, len(keys))
+	for _, k := range keys {
+		if !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// versionPath is the path of elem in the image version directory dir.
+func (s *Store) versionPath(dir string, elem ...string) string {
+	return filepath.Join(append([]string{s.dir, imagesDirName, dir}, elem...)...)
 }
 
 func (s *Store) notFound(canon string) error {
@@ -362,11 +474,18 @@ func (s *Store) writeIndex(ix *index) error {
 		ix.Images = []indexEntry{}
 	}
 	slices.SortFunc(ix.Images, func(a, b indexEntry) int { return cmp.Compare(a.Name, b.Name) })
-	b, err := json.MarshalIndent(ix, "", "  ")
+	return writeJSON(filepath.Join(s.dir, indexFile), ix)
+}
+
+// writeJSON replaces file atomically with v as JSON, on disk when it
+// returns.
+func writeJSON(file string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(s.dir, ".index-*.json")
+	dir := filepath.Dir(file)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(file)+"-*")
 	if err != nil {
 		return err
 	}
@@ -382,65 +501,22 @@ func (s *Store) writeIndex(ix *index) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp.Name(), filepath.Join(s.dir, indexFile)); err != nil {
+	if err := os.Rename(tmp.Name(), file); err != nil {
 		return err
 	}
-	return syncDir(s.dir)
+	return syncDir(dir)
 }
 
-// collect moves to the trash every image directory no name refers to and
-// no one holds, and every abandoned import directory; call it holding
-// the lock. It returns the trash paths to delete (after unlocking).
-func (s *Store) collect(ix *index) []string {
-	ents, err := os.ReadDir(s.dir)
+// readJSON reads file as JSON into v.
+func readJSON(file string, v any) error {
+	b, err := os.ReadFile(file)
 	if err != nil {
-		return nil
+		return err
 	}
-	used := map[string]bool{}
-	for _, e := range ix.Images {
-		used[e.Dir] = true
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%s is corrupt: %w", file, err)
 	}
-	var trash []string
-	for _, ent := range ents {
-		if !ent.IsDir() || !imageDirPattern().MatchString(ent.Name()) || used[ent.Name()] {
-			continue
-		}
-		if t, ok := s.trashIfFree(ent.Name()); ok {
-			trash = append(trash, t)
-		}
-	}
-	if tmps, err := os.ReadDir(filepath.Join(s.dir, tmpDirName)); err == nil {
-		for _, ent := range tmps {
-			if t, ok := s.trashIfFree(filepath.Join(tmpDirName, ent.Name())); ok {
-				trash = append(trash, t)
-			}
-		}
-	}
-	if old, err := os.ReadDir(filepath.Join(s.dir, trashDirName)); err == nil {
-		for _, ent := range old {
-			trash = append(trash, filepath.Join(s.dir, trashDirName, ent.Name()))
-		}
-	}
-	return trash
-}
-
-// trashIfFree moves rel (relative to the store) to the trash unless a
-// process holds a lock on its lock file. A directory without one (an
-// import that died before locking) is trash too.
-func (s *Store) trashIfFree(rel string) (string, bool) {
-	f, err := os.Open(filepath.Join(s.dir, rel, imageLockFile))
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-	case err != nil:
-		return "", false
-	default:
-		defer f.Close()
-		if flock.Lock(f, syscall.LOCK_EX|syscall.LOCK_NB) != nil {
-			return "", false
-		}
-	}
-	t, err := s.toTrash(rel)
-	return t, err == nil
+	return nil
 }
 
 // toTrash renames rel (relative to the store) into the trash.

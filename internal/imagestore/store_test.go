@@ -46,6 +46,20 @@ func busyboxID(t *testing.T) string {
 	return id.String()
 }
 
+// oneLayer is the layer of a one-layer image, checked to be an absolute
+// path of the store's without ':' or ','.
+func oneLayer(t *testing.T, img Image) string {
+	t.Helper()
+	if len(img.Layers) != 1 {
+		t.Fatalf("image %s has layers %q, want one", img.Name, img.Layers)
+	}
+	l := img.Layers[0]
+	if strings.ContainsAny(l, ":,") || !filepath.IsAbs(l) || filepath.Base(l) != layerFSDir {
+		t.Errorf("layer %q: want an absolute path to a layer's fs, without ':' or ','", l)
+	}
+	return l
+}
+
 // checkBusybox checks an imported busybox image.
 func checkBusybox(t *testing.T, img Image, wantName string) {
 	t.Helper()
@@ -58,28 +72,29 @@ func checkBusybox(t *testing.T, img Image, wantName string) {
 	if !slices.Equal(img.Env, []string{imagestoretest.Path}) {
 		t.Errorf("env %q", img.Env)
 	}
-	if strings.Contains(img.Rootfs, ":") || !filepath.IsAbs(img.Rootfs) {
-		t.Errorf("rootfs %q: want an absolute path without ':'", img.Rootfs)
+	rootfs := oneLayer(t, img)
+	if want := "linux/" + runtime.GOARCH; img.Platform != want {
+		t.Errorf("platform %q, want %q", img.Platform, want)
 	}
 	host, err := os.ReadFile(imagestoretest.Busybox)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := os.ReadFile(filepath.Join(img.Rootfs, "bin/busybox"))
+	got, err := os.ReadFile(filepath.Join(rootfs, "bin/busybox"))
 	if err != nil || !bytes.Equal(got, host) {
 		t.Fatalf("bin/busybox differs from %s (%v)", imagestoretest.Busybox, err)
 	}
 	if img.Size < int64(len(host)) || img.Size > 4*int64(len(host))+1<<20 {
 		t.Errorf("size %d, busybox alone is %d", img.Size, len(host))
 	}
-	if l, err := os.Readlink(filepath.Join(img.Rootfs, "bin/sh")); err != nil || l != "busybox" {
+	if l, err := os.Readlink(filepath.Join(rootfs, "bin/sh")); err != nil || l != "busybox" {
 		t.Errorf("bin/sh -> %q (%v), want busybox", l, err)
 	}
 	for path, mode := range map[string]os.FileMode{
 		"bin/busybox": 0o755, "tmp": 0o777 | os.ModeSticky | os.ModeDir, "proc": 0o555 | os.ModeDir,
 		"root": 0o700 | os.ModeDir, "workspace": 0o755 | os.ModeDir, "etc/passwd": 0o644,
 	} {
-		fi, err := os.Lstat(filepath.Join(img.Rootfs, path))
+		fi, err := os.Lstat(filepath.Join(rootfs, path))
 		if err != nil {
 			t.Errorf("%s: %v", path, err)
 			continue
@@ -91,7 +106,7 @@ func checkBusybox(t *testing.T, img Image, wantName string) {
 			t.Errorf("%s: mtime %v, want %v", path, fi.ModTime(), want)
 		}
 	}
-	if fi, err := os.Lstat(filepath.Join(img.Rootfs, "bin/ls")); err != nil || fi.ModTime().Year() != 2000 {
+	if fi, err := os.Lstat(filepath.Join(rootfs, "bin/ls")); err != nil || fi.ModTime().Year() != 2000 {
 		t.Errorf("bin/ls symlink: %v, mtime want 2000", err)
 	}
 }
@@ -101,11 +116,14 @@ func TestImportLayout(t *testing.T) {
 	dir := imagestoretest.BusyboxLayout(t, filepath.Join(t.TempDir(), "oci"), "busybox:test")
 	img := mustImport(t, s, dir, "")
 	checkBusybox(t, img, "busybox:test")
-	if time.Since(img.Imported) > time.Minute {
-		t.Errorf("imported %v", img.Imported)
+	if img.SharedSize != 0 {
+		t.Errorf("shared size %d of an image alone in its store", img.SharedSize)
+	}
+	if time.Since(img.Pulled) > time.Minute {
+		t.Errorf("imported %v", img.Pulled)
 	}
 	got, err := s.Get("busybox:test")
-	if err != nil || got.Rootfs != img.Rootfs || got.ID != img.ID || got.Size != img.Size {
+	if err != nil || !slices.Equal(got.Layers, img.Layers) || got.ID != img.ID || got.Size != img.Size {
 		t.Errorf("Get: %+v, %v; import returned %+v", got, err, img)
 	}
 	list, err := s.List()
@@ -121,6 +139,16 @@ func TestImportDockerSave(t *testing.T) {
 	checkBusybox(t, mustImport(t, s, file, ""), "busybox:saved")
 	// gzip-compressed, under another name.
 	checkBusybox(t, mustImport(t, s, gzipFile(t, file), "other"), "other:latest")
+	// The same image under two names: its layer is stored once, shared.
+	list, err := s.List()
+	if err != nil || len(list) != 2 {
+		t.Fatalf("List: %+v %v", list, err)
+	}
+	for _, img := range list {
+		if img.SharedSize != img.Size || !slices.Equal(img.Layers, list[0].Layers) {
+			t.Errorf("%s: size %d shared %d layers %v, want one shared layer", img.Name, img.Size, img.SharedSize, img.Layers)
+		}
+	}
 	assertClean(t, s)
 }
 
@@ -181,7 +209,7 @@ func TestSeveralImages(t *testing.T) {
 	if !slices.Equal(img.Env, []string{"WHO=b"}) || img.WorkingDir != "/workspace" {
 		t.Errorf("selected %+v", img)
 	}
-	if _, err := os.Stat(filepath.Join(img.Rootfs, "b")); err != nil {
+	if _, err := os.Stat(filepath.Join(oneLayer(t, img), "b")); err != nil {
 		t.Error(err)
 	}
 
@@ -211,16 +239,16 @@ func TestReplaceKeepsAcquiredVersion(t *testing.T) {
 	}
 	defer release()
 	img := mustImport(t, s, v2dir, "")
-	if img.Rootfs == old.Rootfs || img.ID == old.ID {
-		t.Fatalf("the replacement has the old rootfs or ID: %+v", img)
+	if oneLayer(t, img) == oneLayer(t, old) || img.ID == old.ID {
+		t.Fatalf("the replacement has the old layer or ID: %+v", img)
 	}
-	for rootfs, want := range map[string]string{old.Rootfs: "1", img.Rootfs: "2"} {
+	for rootfs, want := range map[string]string{old.Layers[0]: "1", img.Layers[0]: "2"} {
 		if b, err := os.ReadFile(filepath.Join(rootfs, "version")); err != nil || string(b) != want {
 			t.Errorf("%s/version: %q %v, want %q", rootfs, b, err, want)
 		}
 	}
-	if got, _ := s.Get("tool"); got.Rootfs != img.Rootfs {
-		t.Errorf("Get gives %s, want the replacement", got.Rootfs)
+	if got, _ := s.Get("tool"); !slices.Equal(got.Layers, img.Layers) {
+		t.Errorf("Get gives %s, want the replacement", got.Layers)
 	}
 	list, _ := s.List()
 	if len(list) != 1 {
@@ -228,9 +256,10 @@ func TestReplaceKeepsAcquiredVersion(t *testing.T) {
 	}
 	release()
 	release() // twice is fine
-	if _, err := os.Stat(old.Rootfs); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("the replaced version outlived its last release: %v", err)
+	if _, err := os.Stat(filepath.Dir(old.Layers[0])); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the replaced version's own layer outlived its last release: %v", err)
 	}
+	assertNoUnusedLayers(t, s)
 	assertClean(t, s)
 }
 
@@ -253,9 +282,10 @@ func TestRemove(t *testing.T) {
 	if err := s.Remove("tool:1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(img.Rootfs); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("rootfs left: %v", err)
+	if _, err := os.Stat(filepath.Dir(oneLayer(t, img))); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("layer left: %v", err)
 	}
+	assertNoUnusedLayers(t, s)
 	if _, err := s.Get("tool:1"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Get after Remove: %v", err)
 	}
@@ -421,7 +451,7 @@ func TestStreamsLargeFiles(t *testing.T) {
 	if alloc := after.total - before.total; alloc > size/2 {
 		t.Errorf("import allocated %d MiB for a %d MiB file", alloc>>20, size>>20)
 	}
-	fi, err := os.Stat(filepath.Join(img.Rootfs, "big"))
+	fi, err := os.Stat(filepath.Join(oneLayer(t, img), "big"))
 	if err != nil || fi.Size() != size {
 		t.Fatalf("big: %v %v", fi, err)
 	}
@@ -480,10 +510,13 @@ func TestOpenRefusesOverlaySeparators(t *testing.T) {
 // unreferenced image directory left.
 func TestOpenSweeps(t *testing.T) {
 	s := openStore(t)
-	_ = os.MkdirAll(filepath.Join(s.dir, tmpDirName, "import-crashed", rootfsDir), 0o755)
-	_ = os.WriteFile(filepath.Join(s.dir, tmpDirName, "import-crashed", imageLockFile), nil, 0o600)
+	_ = os.MkdirAll(filepath.Join(s.dir, tmpDirName, "stage-crashed", "layer-123", layerFSDir), 0o755)
+	_ = os.WriteFile(filepath.Join(s.dir, tmpDirName, "stage-crashed", imageLockFile), nil, 0o600)
+	_ = os.MkdirAll(filepath.Join(s.dir, tmpDirName, "stage-unlocked"), 0o755)
 	orphan := "sha256-" + strings.Repeat("ab", 32) + "-0123456789abcdef"
-	_ = os.MkdirAll(filepath.Join(s.dir, orphan, rootfsDir), 0o755)
+	_ = os.MkdirAll(filepath.Join(s.dir, imagesDirName, orphan), 0o755)
+	_ = os.WriteFile(filepath.Join(s.dir, imagesDirName, orphan, imageLockFile), nil, 0o600)
+	_ = os.MkdirAll(filepath.Join(s.dir, orphan, v1RootfsDir), 0o755) // a version-1 orphan
 	_ = os.MkdirAll(filepath.Join(s.dir, trashDirName, "half-deleted"), 0o755)
 	if _, err := Open(s.dir); err != nil {
 		t.Fatal(err)
@@ -491,16 +524,24 @@ func TestOpenSweeps(t *testing.T) {
 	assertClean(t, s)
 }
 
+// testDigest is a well-formed digest.
+var testDigest = "sha256:" + strings.Repeat("a", 64)
+
 func TestValidName(t *testing.T) {
 	for in, want := range map[string]string{
-		"busybox":                           "busybox:latest",
-		"busybox:1.35":                      "busybox:1.35",
-		"ghcr.io/x/y:tag":                   "ghcr.io/x/y:tag",
-		"localhost:5000/team/tool":          "localhost:5000/team/tool:latest",
-		"docker.io/library/busybox:1":       "busybox:1",
-		"docker.io/me/tool":                 "me/tool:latest",
-		"registry.example.com/a/b/c:v1.2-3": "registry.example.com/a/b/c:v1.2-3",
-		"a__b/c-d.e:TAG_1":                  "a__b/c-d.e:TAG_1",
+		"busybox":                                  "busybox:latest",
+		"busybox:1.35":                             "busybox:1.35",
+		"ghcr.io/x/y:tag":                          "ghcr.io/x/y:tag",
+		"localhost:5000/team/tool":                 "localhost:5000/team/tool:latest",
+		"docker.io/library/busybox:1":              "busybox:1",
+		"docker.io/me/tool":                        "me/tool:latest",
+		"registry.example.com/a/b/c:v1.2-3":        "registry.example.com/a/b/c:v1.2-3",
+		"a__b/c-d.e:TAG_1":                         "a__b/c-d.e:TAG_1",
+		"library/a/b":                              "library/a/b:latest",
+		"localhost:5000/r@" + testDigest:           "localhost:5000/r@" + testDigest,
+		"docker.io/library/busybox@" + testDigest:  "busybox@" + testDigest,
+		"busybox:1.36@" + testDigest:               "busybox@" + testDigest,
+		"index.docker.io/me/tool:v1@" + testDigest: "me/tool@" + testDigest,
 	} {
 		got, err := CanonicalName(in)
 		if err != nil || got != want {
@@ -512,7 +553,8 @@ func TestValidName(t *testing.T) {
 	}
 	for _, bad := range []string{
 		"", "host", "host:latest", "host:1", "docker.io/library/host", "Busybox", "bus box", "a:b:c",
-		"busybox@sha256:" + strings.Repeat("a", 64), "busybox:", ":tag", "a//b", "/abs", "a/", "-a",
+		"busybox@sha256:" + strings.Repeat("a", 63), "busybox@md5:" + strings.Repeat("a", 32), "busybox@", "a@b@" + testDigest,
+		"host@" + testDigest, "Busybox@" + testDigest, "busybox:", ":tag", "a//b", "/abs", "a/", "-a",
 		"busybox:-x", "a:b/c", strings.Repeat("a", 300),
 	} {
 		if err := ValidName(bad); !errors.Is(err, ErrInvalidName) {
@@ -566,7 +608,11 @@ func TestNoFDLeak(t *testing.T) {
 	release()
 	_, _ = s.List()
 	_, _ = s.Get("saved:1")
-	for _, n := range []string{"tool", "saved:1", "tool:2"} {
+	_, _ = add(context.Background(), t, s, addRequest{Name: "failed:1", Image: onBase(t, "f"),
+		Fetch: func(v1.Layer) (io.ReadCloser, error) { return nil, errRegistryGone }})
+	_, _ = s.Import(context.Background(), mkLayout(t, named{"shared:1", onBase(t, "s")}), "")
+	_, _ = s.Prune(context.Background())
+	for _, n := range []string{"tool", "saved:1", "tool:2", "shared:1"} {
 		_ = s.Remove(n)
 	}
 	if after := openFDs(t); len(after) > len(before) {

@@ -278,8 +278,12 @@ func (c *creation) image() (undo.Func, error) {
 	if err != nil {
 		return nil, &sandbox.SpecRejectedError{Field: "image", Reason: sandbox.ReasonUnenforceable, Message: err.Error()}
 	}
+	if len(img.Layers) != 1 {
+		release()
+		return nil, &sandbox.SpecRejectedError{Field: "image", Reason: sandbox.ReasonUnenforceable, Message: fmt.Sprintf("image %s has %d layers; this provider mounts single-layer images only", img.Name, len(img.Layers))}
+	}
 	r.release, r.imageID = release, img.ID
-	c.lower, r.env = img.Rootfs, baseEnv(img.Env)
+	c.lower, r.env = img.Layers[0], baseEnv(img.Env)
 	return r.releaseImage, nil
 }
 
