@@ -300,6 +300,16 @@ func (r *Registry) URL() string {
 	return "http://" + r.host
 }
 
+// TokenHost is the token server's "localhost:PORT" (Options.Token),
+// for a test to list it as insecure beside Host when it serves plain
+// HTTP; "" without Token.
+func (r *Registry) TokenHost() string {
+	if r.token == nil {
+		return ""
+	}
+	return strings.TrimPrefix(strings.TrimPrefix(r.token.url, "http://"), "https://")
+}
+
 // Ref is the reference HOST/repo:tag.
 func (r *Registry) Ref(repo, tag string) string { return r.host + "/" + repo + ":" + tag }
 
