@@ -553,3 +553,35 @@ func TestE2EHostileLayers(t *testing.T) {
 		})
 	}
 }
+
+// A layer of a 10 GiB sparse file (a few kilobytes on the wire) is
+// refused by a store whose maximum image size is 1 GiB, before it is
+// written: the size budget counts a file's apparent size.
+func TestE2ESparseOverMaxImageSize(t *testing.T) {
+	r := registrytest.Start(t, registrytest.Options{})
+	sparse, err := registrytest.SparseLayer("big", 10<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := registrytest.ImageOf(nil, sparse)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := r.Ref("hostile/sparse", "v1")
+	r.Push(t, ref, img)
+	openStore(t) // skips as non-root
+	s, err := imagestore.Open(filepath.Join(t.TempDir(), "images"), imagestore.WithMaxImageSize(1<<30))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, _, err = pull(t, s, ref, plain(r))
+	wantPullError(t, err, sandbox.PullInvalidImage)
+	if !errors.Is(err, imagestore.ErrTooLarge) {
+		t.Errorf("%v: want an error matching ErrTooLarge", err)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("refusing the sparse file took %s: was it written?", d)
+	}
+	checkNothingKept(t, s, sparse)
+}
