@@ -10,6 +10,7 @@
 #   make bench-api        the daemon API's benchmarks (bench/api.sh, about 2 minutes)
 #   make bench-container  the container provider's (bench/container.sh, as root, about 10 minutes)
 #   make bench-python     the Python SDK's (bench/python.sh, after python/test.sh; about 40 s)
+#   make bench-pull       image pulls from a loopback registry vs skopeo+umoci and docker (bench/pull.sh, as root, about 5 minutes)
 #   make fmt              gofmt -w on the tree
 #
 # Namespaces, mounts and cgroups need root: as another user the tests that
@@ -25,7 +26,7 @@ GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lin
 # the tests and the crash test share the machine's namespaces and cores.
 .NOTPARALLEL:
 
-.PHONY: build lint test test-go test-python crash ci bench-run bench-api bench-container bench-python fmt
+.PHONY: build lint test test-go test-python crash ci bench-run bench-api bench-container bench-python bench-pull fmt
 
 build:
 	$(GO) build -o tai42 ./cmd/tai42
@@ -69,6 +70,9 @@ bench-container:
 
 bench-python:
 	bash bench/python.sh
+
+bench-pull:
+	bash bench/pull.sh
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
