@@ -64,6 +64,7 @@ func extractTar(ctx context.Context, r io.Reader, dest string, opts extractOptio
 	}
 	defer root.Close()
 	x := newExtractor(root, opts, nil)
+	defer x.closeCwd()
 	if err := x.readAll(ctx, r); err != nil {
 		return err
 	}
@@ -214,6 +215,7 @@ func extractLayerInto(ctx context.Context, r io.Reader, dest string, opts layerO
 		opaque:    map[string]bool{},
 		implicit:  map[string]bool{},
 	})
+	defer x.closeCwd()
 	if err := x.readAll(ctx, r); err != nil {
 		return nil, err
 	}
@@ -291,6 +293,7 @@ func linkFromLowersInto(dest string, lowers []string, links []crossLink) error {
 		pending: map[string]crossLink{},
 		state:   map[string]linkState{},
 	}
+	defer l.x.closeCwd()
 	var dirs []crossLink
 	for _, c := range links {
 		if c.dir {
@@ -642,6 +645,15 @@ type extractor struct {
 	links []*tar.Header          // hard links, created last
 	buf   []byte                 // for copying files' data
 	err   error                  // the first error of linkAll
+	// Directories are never removed or replaced while a stream is
+	// unpacked (claim refuses a non-directory over one), so what is known
+	// of them stays true: isDir holds those checked to be directories (not
+	// symlinks), and cwd is the last entry's directory, kept open, so that
+	// an entry costs a lookup of its own name rather than a walk from the
+	// root for each call (a file is looked up, created and timed).
+	isDir   map[string]bool
+	cwd     *os.Root
+	cwdName string
 }
 
 // layerState is what extractLayer keeps track of in one layer.
@@ -653,7 +665,34 @@ type layerState struct {
 }
 
 func newExtractor(root *os.Root, opts extractOptions, layer *layerState) *extractor {
-	return &extractor{root: root, opts: opts, layer: layer, dirs: map[string]*tar.Header{}}
+	return &extractor{root: root, opts: opts, layer: layer, dirs: map[string]*tar.Header{}, isDir: map[string]bool{}}
+}
+
+// at returns the directory of name, as a root, and name's base: the root
+// itself, or the last directory asked for, kept open.
+func (x *extractor) at(name string) (*os.Root, string, error) {
+	dir, base := path.Dir(name), path.Base(name)
+	if dir == "." {
+		return x.root, base, nil
+	}
+	if x.cwd != nil && x.cwdName == dir {
+		return x.cwd, base, nil
+	}
+	r, err := x.root.OpenRoot(dir)
+	if err != nil {
+		return nil, "", err
+	}
+	x.closeCwd()
+	x.cwd, x.cwdName = r, dir
+	return r, base, nil
+}
+
+// closeCwd closes the directory at keeps open.
+func (x *extractor) closeCwd() {
+	if x.cwd != nil {
+		x.cwd.Close()
+		x.cwd, x.cwdName = nil, ""
+	}
 }
 
 // readAll unpacks every entry of the tar stream r, but hard links, then
@@ -821,7 +860,11 @@ func (x *extractor) makeOpaque(name string) error {
 
 // exists reports whether name exists (not following a final symlink).
 func (x *extractor) exists(name string) (fs.FileInfo, bool, error) {
-	fi, err := x.root.Lstat(name)
+	r, base, err := x.at(name)
+	var fi fs.FileInfo
+	if err == nil {
+		fi, err = r.Lstat(base)
+	}
 	switch {
 	case err == nil:
 		return fi, true, nil
@@ -859,7 +902,11 @@ func (x *extractor) claim(name string, dir bool) (slot, error) {
 	case fi.IsDir():
 		return 0, hostile(name, "a directory, then a non-directory of the same name")
 	}
-	if err := x.root.Remove(name); err != nil {
+	r, base, err := x.at(name)
+	if err == nil {
+		err = r.Remove(base)
+	}
+	if err != nil {
 		return 0, entryErr(name, err)
 	}
 	delete(x.layer.whiteouts, name)
@@ -887,9 +934,15 @@ func (x *extractor) walkParents(name string, create bool) error {
 	if dir == "." {
 		return nil
 	}
+	if x.isDir[dir] {
+		return nil
+	}
 	parts := strings.Split(dir, "/")
 	for i := range parts {
 		p := strings.Join(parts[:i+1], "/")
+		if x.isDir[p] {
+			continue
+		}
 		fi, ok, err := x.exists(p)
 		if err != nil {
 			return err
@@ -909,6 +962,7 @@ func (x *extractor) walkParents(name string, create bool) error {
 		case !fi.IsDir():
 			return hostile(name, "its parent %q is not a directory", p)
 		}
+		x.isDir[p] = true
 	}
 	return nil
 }
@@ -973,7 +1027,11 @@ func (x *extractor) file(name string, hdr *tar.Header, r io.Reader) error {
 		}
 	}
 	// O_EXCL: never opens an existing file, or through a final symlink.
-	f, err := x.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	dir, base, err := x.at(name)
+	var f *os.File
+	if err == nil {
+		f, err = dir.OpenFile(base, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	}
 	if err != nil {
 		return entryErr(name, err)
 	}
@@ -1159,7 +1217,11 @@ func (x *extractor) times(name string, hdr *tar.Header, symlink bool) error {
 		atime = mtime
 	}
 	if !symlink {
-		if err := x.root.Chtimes(name, atime, mtime); err != nil {
+		r, base, err := x.at(name)
+		if err == nil {
+			err = r.Chtimes(base, atime, mtime)
+		}
+		if err != nil {
 			return entryErr(name, err)
 		}
 		return nil

@@ -169,6 +169,7 @@ func (s *Store) pull(ctx context.Context, f *flight, ref name.Reference, label, 
 		Image:    img,
 		Label:    label,
 		Digest:   desc.Digest.String(),
+		Fetch:    fetchCompressed,
 		Events:   prog.event,
 		Platform: plat,
 	})
