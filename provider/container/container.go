@@ -349,8 +349,7 @@ type provider struct {
 	fenceMu  sync.Mutex
 	opFences operatorFences // guarded by fenceMu
 
-	faults    func(id, step string) error             // a test's failures of create steps; nil: none
-	testImage func(imagestore.Image) imagestore.Image // a test's change of the images sessions see; nil: none
+	faults func(id, step string) error // a test's failures of create steps; nil: none
 
 	pulls      pullGroup          // one pull per reference among the creates
 	pullCtx    context.Context    // the creates' pulls run in it: they outlive the create that began one

@@ -12,7 +12,6 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	"github.com/tai42/sandbox/internal/imagestore"
 	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/kit"
 )
@@ -142,28 +141,6 @@ func KeptTeardown(remap bool) []string {
 	mounted := map[string]bool{filepath.Join(r.dir, "lower"): true, r.rootfs: true, filepath.Join(r.dir, "sys"): true}
 	r.keptTeardown(sessionHandle{Remap: remap}, mounted)
 	return r.teardown.Steps()
-}
-
-// SetImageLayers has the sessions the provider of sb makes of a store
-// image stack layers(img) instead of the image's own layers (lowest
-// first): how a test gives a session an image of many layers before the
-// store unpacks them apart. nil turns it off. Set it while no create runs.
-func SetImageLayers(sb *kit.Sandbox, layers func(img imagestore.Image) []string) {
-	if layers == nil {
-		SetImage(sb, nil)
-		return
-	}
-	SetImage(sb, func(img imagestore.Image) imagestore.Image {
-		img.Layers = layers(img)
-		return img
-	})
-}
-
-// SetImage has the sessions the provider of sb makes (or brings back) of
-// a store image see change(img) instead of the store's image: its layers,
-// its config. nil turns it off. Set it while no create runs.
-func SetImage(sb *kit.Sandbox, change func(imagestore.Image) imagestore.Image) {
-	sb.Provider().(*provider).testImage = change
 }
 
 // MountOverlay and MountOverlayOptions mount an overlay of lowers (lowest

@@ -53,7 +53,6 @@ func (p *provider) acquireImage(ctx context.Context, name string) (imagestore.Im
 		}
 		img, release, err = p.images.Acquire(name)
 	}
-	img = p.testedImage(img)
 	if err != nil {
 		if errors.Is(err, imagestore.ErrNotFound) && p.opts.Pull == PullNever {
 			return imagestore.Image{}, nil, reject("%v, and the pull policy is %s: pull it first (`tai42 image pull %s`) or import it", err, PullNever, name)
@@ -158,15 +157,6 @@ func (p *provider) RemoveImage(ctx context.Context, name string) error {
 // way uses.
 func (p *provider) PruneImages(ctx context.Context) (sandbox.PruneResult, error) {
 	return p.imageManager().PruneImages(ctx)
-}
-
-// testedImage is img as a test has its sessions see it (more layers, a
-// config the store does not keep yet); img itself in production.
-func (p *provider) testedImage(img imagestore.Image) imagestore.Image {
-	if p.testImage != nil {
-		return p.testImage(img)
-	}
-	return img
 }
 
 // pullGroup shares one pull per reference among a provider's creates.

@@ -6,19 +6,29 @@ package container_test
 // leaks.
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/imagestore"
+	"github.com/tai42/sandbox/internal/imagestore/imagestoretest"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/container"
 	"github.com/tai42/sandbox/provider/container/containertest"
@@ -63,8 +73,8 @@ func writeHandLayer(t testing.TB, dir string, files []handFile) {
 }
 
 // The two layers the tests put over a base: the second deletes a file of
-// the first (and one of the base, /etc/base-gone), and makes /opt/opq
-// opaque, hiding the first's /opt/opq/old.
+// the first (and one of the base, /bin/yes: busybox's image has it too),
+// and makes /opt/opq opaque, hiding the first's /opt/opq/old.
 var (
 	handLayer1 = []handFile{
 		{path: "etc/layer1", content: "one"},
@@ -75,23 +85,23 @@ var (
 	handLayer2 = []handFile{
 		{path: "etc/layer2", content: "two"},
 		{path: "etc/gone", whiteout: true},
-		{path: "etc/base-gone", whiteout: true},
+		{path: "bin/yes", whiteout: true},
 		{path: "opt/opq", dir: true, opaque: true},
 		{path: "opt/opq/new", content: "new"},
 	}
 	// handBase is what a hand-made base holds.
 	handBase = []handFile{
 		{path: "etc/base", content: "zero"},
-		{path: "etc/base-gone", content: "deleted above"},
+		{path: "bin/yes", content: "deleted above"},
 		{path: "etc/layer1", content: "overwritten above"},
 	}
 )
 
-// layeredView is what a root of base, handLayer1 and handLayer2 shows: the check's
-// script and the output it must print.
+// layeredView is what a root of busybox, handLayer1 and handLayer2 shows:
+// the check's script and the output it must print.
 const (
-	layeredScript = `cat /etc/layer1 /etc/layer2; echo; ls -a /etc | grep -c gone; ls -a /opt/opq; stat -c %u:%g /etc/layer2 /opt/owned`
-	layeredWant   = "onetwo\n0\n.\n..\nnew\n0:0\n1000:1000\n"
+	layeredScript = `cat /etc/layer1 /etc/layer2; echo; ls -a /etc | grep -c gone; ls -a /bin | grep -cx yes; ls -a /opt/opq; stat -c %u:%g /etc/layer2 /opt/owned`
+	layeredWant   = "onetwo\n0\n0\n.\n..\nnew\n0:0\n1000:1000\n"
 )
 
 // TestMountOverlayLayers: an overlay of three hand-made layers, made with
@@ -118,7 +128,7 @@ func TestMountOverlayLayers(t *testing.T) {
 			if b, err := os.ReadFile(filepath.Join(root, "etc/base")); err != nil || string(b) != "zero" {
 				t.Errorf("etc/base: %q, %v; want the base's \"zero\"", b, err)
 			}
-			for _, gone := range []string{"etc/gone", "etc/base-gone", "opt/opq/old"} {
+			for _, gone := range []string{"etc/gone", "bin/yes", "opt/opq/old"} {
 				if _, err := os.Lstat(filepath.Join(root, gone)); !os.IsNotExist(err) {
 					t.Errorf("%s: %v; want it deleted by the top layer", gone, err)
 				}
@@ -173,18 +183,116 @@ func mountTest(t *testing.T, dir string, lowers []string, mount func(lowers []st
 	return root
 }
 
-// layeredDirs writes handLayer1 and handLayer2 in directories of t, lowest first.
-func layeredDirs(t *testing.T) []string {
+// layeredName is the name the tests import their three-layer image under.
+const layeredName = "layered:test"
+
+// layeredLayers is how many layers layeredName has: busybox's and two.
+const layeredLayers = 3
+
+// layeredImage imports layeredName into the store of a provider of opts
+// (once per store and process: a store is shared by the tests) and
+// returns its name. The image is busybox with handLayer1 and handLayer2
+// appended as OCI layers, which the store unpacks layer by layer.
+func layeredImage(t testing.TB, opts container.Options) string {
 	t.Helper()
-	dir := t.TempDir()
-	// Reachable by a session's root, remapped or not, as the store's are.
-	if err := os.Chmod(dir, 0o755); err != nil {
+	dir := opts.Images
+	if dir == "" {
+		dir = filepath.Join(opts.StateDir, "images")
+	}
+	layered.Lock()
+	defer layered.Unlock()
+	if layered.imported[dir] {
+		return layeredName
+	}
+	base, err := imagestoretest.BusyboxImage()
+	if err != nil {
 		t.Fatal(err)
 	}
-	layers := []string{filepath.Join(dir, "1"), filepath.Join(dir, "2")}
-	writeHandLayer(t, layers[0], handLayer1)
-	writeHandLayer(t, layers[1], handLayer2)
-	return layers
+	img, err := mutate.AppendLayers(base, ociLayer(t, handLayer1), ociLayer(t, handLayer2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	oci := filepath.Join(t.TempDir(), "layout")
+	lp, err := layout.Write(oci, empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lp.AppendImage(img); err != nil {
+		t.Fatal(err)
+	}
+	store, err := imagestore.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := store.Import(ctxFor(t), oci, layeredName)
+	if err != nil {
+		t.Fatalf("importing the layered image: %v", err)
+	}
+	if len(got.Layers) != layeredLayers {
+		t.Fatalf("the layered image has %d layers in the store: %v; want %d, one per layer of the image", len(got.Layers), got.Layers, layeredLayers)
+	}
+	if layered.imported == nil {
+		layered.imported = map[string]bool{}
+	}
+	layered.imported[dir] = true
+	return layeredName
+}
+
+// layered is which stores layeredImage imported the image into.
+var layered struct {
+	sync.Mutex
+	imported map[string]bool
+}
+
+// ociLayer is files as an image layer carries them: a whiteout is an
+// empty .wh.NAME beside the deleted path, an opaque directory holds
+// .wh..wh..opq; parents come first, as directories of root.
+func ociLayer(t testing.TB, files []handFile) v1.Layer {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	made := map[string]bool{}
+	write := func(h *tar.Header, content string) {
+		h.ModTime, h.Size, h.Format = time.Unix(1, 0), int64(len(content)), tar.FormatPAX
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.WriteString(tw, content); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mkdir func(dir string, uid int)
+	mkdir = func(dir string, uid int) {
+		if dir == "." || made[dir] {
+			return
+		}
+		mkdir(filepath.Dir(dir), 0)
+		made[dir] = true
+		write(&tar.Header{Name: dir + "/", Typeflag: tar.TypeDir, Mode: 0o755, Uid: uid, Gid: uid}, "")
+	}
+	for _, f := range files {
+		mkdir(filepath.Dir(f.path), 0)
+		switch {
+		case f.whiteout:
+			write(&tar.Header{Name: filepath.Join(filepath.Dir(f.path), ".wh."+filepath.Base(f.path)), Typeflag: tar.TypeReg, Mode: 0o644}, "")
+		case f.dir:
+			mkdir(f.path, f.uid)
+			if f.opaque {
+				write(&tar.Header{Name: f.path + "/.wh..wh..opq", Typeflag: tar.TypeReg, Mode: 0o644}, "")
+			}
+		default:
+			write(&tar.Header{Name: f.path, Typeflag: tar.TypeReg, Mode: 0o644, Uid: f.uid, Gid: f.uid}, f.content)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b := buf.Bytes()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
 
 // TestLayeredSession: a session on a three-layer image (busybox and two
@@ -195,8 +303,7 @@ func layeredDirs(t *testing.T) []string {
 // after the destroy.
 func TestLayeredSession(t *testing.T) {
 	forEachRuntimeMode(t, func(t *testing.T, p *testProvider) {
-		stackLayers(t, p.sb)
-		sess := p.session(t, spec(containertest.Busybox, sandbox.NetworkNone))
+		sess := p.session(t, spec(layeredImage(t, p.opts), sandbox.NetworkNone))
 		if out := mustSh(t, sess, layeredScript); out != layeredWant {
 			t.Errorf("the layered root shows %q; want %q", out, layeredWant)
 		}
@@ -209,7 +316,10 @@ func TestLayeredSession(t *testing.T) {
 		lower := filepath.Join(p.bundle(sess.ID()), "lower")
 		mounted := unsMountsUnder(t, lower)
 		if container.RemapsUsers(p.sb) {
-			want := []string{filepath.Join(lower, "0"), filepath.Join(lower, "1"), filepath.Join(lower, "2")}
+			var want []string
+			for i := range layeredLayers {
+				want = append(want, filepath.Join(lower, fmt.Sprint(i)))
+			}
 			slices.Sort(mounted)
 			if !slices.Equal(mounted, want) {
 				t.Errorf("the idmapped layers mounted: %v; want %v", mounted, want)
@@ -226,16 +336,6 @@ func TestLayeredSession(t *testing.T) {
 	})
 }
 
-// stackLayers has sb's sessions of a store image stack handLayer1 and handLayer2
-// (in directories of t) over the image's own layers.
-func stackLayers(t *testing.T, sb *kit.Sandbox) func(imagestore.Image) []string {
-	t.Helper()
-	layers := layeredDirs(t)
-	stack := func(img imagestore.Image) []string { return slices.Concat(img.Layers, layers) }
-	container.SetImageLayers(sb, stack)
-	return stack
-}
-
 // TestLayeredRecover: a layered session comes back after a crash, its
 // layers as they were, and its destroy unmounts them all; a layered
 // session the new provider does not keep is removed with every one of its
@@ -247,13 +347,12 @@ func TestLayeredRecover(t *testing.T) {
 			t.Run(rt+"/userns-"+string(mode), func(t *testing.T) {
 				opts := recoverOptions(t, rt, mode)
 				sbA, ledger, crash := crashable(t, opts)
-				stack := stackLayers(t, sbA)
-				kept := &crashSession{name: "kept", spec: spec(containertest.Busybox, sandbox.NetworkNone)}
+				image := layeredImage(t, opts)
+				kept := &crashSession{name: "kept", spec: spec(image, sandbox.NetworkNone)}
 				makeCrashSession(t, sbA, kept)
 				crash()
 
 				sb, crashB := recoverWith(t, opts, ledger)
-				container.SetImageLayers(sb, stack)
 				sess, err := sb.GetSession(ctxFor(t), kept.id)
 				if err != nil {
 					t.Fatalf("GetSession after the recovery: %v", err)
@@ -268,7 +367,7 @@ func TestLayeredRecover(t *testing.T) {
 					t.Errorf("mounts left after the recovered session's destroy: %v", m)
 				}
 				// A layered session the next provider does not keep.
-				left, err := sb.CreateSession(ctxFor(t), spec(containertest.Busybox, sandbox.NetworkNone))
+				left, err := sb.CreateSession(ctxFor(t), spec(image, sandbox.NetworkNone))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -384,7 +483,7 @@ func TestLayeredRecoverOldLayout(t *testing.T) {
 func TestLeakLayered(t *testing.T) {
 	forEachRuntimeMode(t, func(t *testing.T, p *testProvider) {
 		warmUp(t, p)
-		stackLayers(t, p.sb)
+		image := layeredImage(t, p.opts)
 		base := takeBaseline(t)
 		const cycles = 16
 		ids := make([]string, cycles)
@@ -392,8 +491,8 @@ func TestLeakLayered(t *testing.T) {
 		for w := range leakWorkers {
 			wg.Go(func() {
 				for i := w; i < cycles; i += leakWorkers {
-					// Odd cycles are busybox's (images[1]): layered.
-					id, err := leakCycle(p, 2*i+1)
+					// 2i+1: the places TestLeakCycles gives busybox in the mix.
+					id, err := leakCycle(p, image, 2*i+1)
 					ids[i] = id
 					if err != nil {
 						t.Errorf("cycle %d (session %s): %v", i, id, err)

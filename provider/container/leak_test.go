@@ -58,7 +58,7 @@ func TestLeakCycles(t *testing.T) {
 		for w := range leakWorkers {
 			wg.Go(func() {
 				for i := w; i < cycles; i += leakWorkers {
-					id, err := leakCycle(p, i)
+					id, err := leakCycle(p, images[i%2], i)
 					if id != "" {
 						mu.Lock()
 						ids = append(ids, id)
@@ -182,12 +182,12 @@ func takeBaseline(t *testing.T) baseline {
 	}
 }
 
-// leakCycle makes session i of the mix, uses it, destroys it, and checks
-// that whatever was running in it ended as a destroy ends it.
-func leakCycle(p *testProvider, i int) (string, error) {
+// leakCycle makes session i of the mix of image, uses it, destroys it, and
+// checks that whatever was running in it ended as a destroy ends it.
+func leakCycle(p *testProvider, image string, i int) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	sp := spec(images[i%2], []sandbox.Network{sandbox.NetworkNone, sandbox.NetworkInternal, sandbox.NetworkEgress}[i%3])
+	sp := spec(image, []sandbox.Network{sandbox.NetworkNone, sandbox.NetworkInternal, sandbox.NetworkEgress}[i%3])
 	if i%4 == 0 {
 		sp.CPU, sp.MemoryMB = 0.5, 128
 	}

@@ -418,7 +418,6 @@ func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, 
 			return nil, fmt.Errorf("its image %q: %w", k.Spec.Image, err)
 		}
 		r.release, r.imageID = release, img.ID
-		img = p.testedImage(img)
 		if img.ID != h.Image {
 			return nil, fmt.Errorf("its image %q is now %s, not %s, which its root was made of (it was imported again since)", k.Spec.Image, img.ID, h.Image)
 		}
