@@ -563,7 +563,7 @@ func (p *provider) Check(spec sandbox.SessionSpec) error {
 		// policy says never.
 		if _, err := p.images.Get(spec.Image); err != nil && (p.opts.Pull == PullNever || !errors.Is(err, imagestore.ErrNotFound)) {
 			if errors.Is(err, imagestore.ErrNotFound) {
-				return no("image", "image %q is not in the local store (%s) and the pull policy is %s: pull it (`tai42 image pull %s`), import it (`tai42 image import FILE --name %s`), or use %q", spec.Image, p.images.Dir(), PullNever, spec.Image, spec.Image, sandbox.HostImage)
+				return no("image", "image %q is not in the local store (%s) and pulls are off (--pull %s): pull it (`tai42 image pull %s`), import it (`tai42 image import FILE --name %s`), or use %q", spec.Image, p.images.Dir(), PullNever, spec.Image, spec.Image, sandbox.HostImage)
 			}
 			return no("image", "image %q: %v", spec.Image, err)
 		}

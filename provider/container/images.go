@@ -39,7 +39,7 @@ func (p *provider) acquireImage(ctx context.Context, name string) (imagestore.Im
 		if errors.As(err, &gave) {
 			return gave // the create's own end, not the spec's fault
 		}
-		return reject("%v (pull policy %s%s)", err, p.opts.Pull, why)
+		return reject("%v (--pull %s%s)", err, p.opts.Pull, why)
 	}
 	if p.opts.Pull == PullAlways {
 		if err := p.pullShared(ctx, name); err != nil {
@@ -55,7 +55,7 @@ func (p *provider) acquireImage(ctx context.Context, name string) (imagestore.Im
 	}
 	if err != nil {
 		if errors.Is(err, imagestore.ErrNotFound) && p.opts.Pull == PullNever {
-			return imagestore.Image{}, nil, reject("%v, and the pull policy is %s: pull it first (`tai42 image pull %s`) or import it", err, PullNever, name)
+			return imagestore.Image{}, nil, reject("%v, and pulls are off (--pull %s): pull it first (`tai42 image pull %s`) or import it", err, PullNever, name)
 		}
 		return imagestore.Image{}, nil, reject("%v", err)
 	}

@@ -38,6 +38,7 @@ func registryProvider(t *testing.T, reg imagestore.RegistryOptions, set ...func(
 	opts.ReapInterval = -1
 	opts.Images = filepath.Join(t.TempDir(), "images")
 	opts.Registry = reg
+	opts.Pull = container.PullMissing
 	logs := &lockedBuffer{}
 	opts.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	for _, f := range set {

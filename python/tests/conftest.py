@@ -81,6 +81,9 @@ class Daemon:
             "warn",
             "--net-prefix",
             "y" + secrets.token_hex(2),  # unique: daemons may run side by side
+            # A test reaches no registry it did not start: an image the
+            # store lacks is rejected, never looked up on Docker Hub.
+            *(("--pull", "never") if provider == "container" else ()),
             *extra,
         ]
         self.proc: subprocess.Popen[bytes] | None = None

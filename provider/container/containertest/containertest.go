@@ -201,6 +201,10 @@ func Options(t testing.TB, rt string, policy sandbox.Policy) container.Options {
 		AgentBinary:     env.agent,
 		Images:          env.images,
 		Network:         env.net,
+		// A test reaches no registry it did not start: an image the
+		// store lacks is rejected at once, never looked up on Docker Hub.
+		// The pull tests set their own policy.
+		Pull: container.PullNever,
 	}
 }
 
