@@ -367,8 +367,8 @@ func (s *Store) Prune(ctx context.Context) (sandbox.PruneResult, error) {
 	return sandbox.PruneResult{Layers: g.layers, Bytes: g.bytes}, nil
 }
 
-// view turns index entries into Images: it knows every indexed layer's
-// size and how many images use it.
+// view turns index entries into Images: it knows how many images use each
+// indexed layer, and reads the sizes of the layers it is asked about.
 type view struct {
 	s     *Store
 	sizes map[string]int64
@@ -380,12 +380,21 @@ func (s *Store) view(ix *index) *view {
 	for _, e := range ix.Images {
 		for _, k := range uniq(e.Layers) {
 			v.users[k]++
-			if _, ok := v.sizes[k]; !ok {
-				v.sizes[k] = s.layerSize(k)
-			}
 		}
 	}
 	return v
+}
+
+// size is layer k's disk size, read from its meta file on first use: an
+// image's own layers only (Get and Acquire are on every create's path, so
+// they never read the other images' files).
+func (v *view) size(k string) int64 {
+	n, ok := v.sizes[k]
+	if !ok {
+		n = v.s.layerSize(k)
+		v.sizes[k] = n
+	}
+	return n
 }
 
 func (v *view) image(e indexEntry) Image {
@@ -406,9 +415,10 @@ func (v *view) image(e indexEntry) Image {
 		img.Layers[i] = v.s.layerFS(k)
 	}
 	for _, k := range uniq(e.Layers) {
-		img.Size += v.sizes[k]
+		n := v.size(k)
+		img.Size += n
 		if v.users[k] > 1 {
-			img.SharedSize += v.sizes[k]
+			img.SharedSize += n
 		}
 	}
 	return img

@@ -235,8 +235,7 @@ type Options struct {
 	// A remapped session's root is an overlay whose lower layers are its
 	// image's, each idmapped (files of host root show as root in the
 	// session; the image on disk is unchanged), its upper layer and
-	// workspace owned by
-	// UserNamespaceBase on the host. The host image's read-only binds
+	// workspace owned by UserNamespaceBase on the host. The host image's read-only binds
 	// (/usr, ...) are not idmapped: their files show as nobody, readable
 	// and executable as before. /sys is the read-only sysfs of the
 	// session's network namespace as without remapping, mounted by the
