@@ -14,7 +14,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/agent"
 	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/internal/undo"
 	"github.com/tai42/sandbox/kit"
@@ -584,7 +583,7 @@ func (r *session) removeContainer(ctx context.Context) error {
 // agent waits for the session's agent to answer.
 func (c *creation) agent() (undo.Func, error) {
 	r := c.r
-	r.agent = &agent.Client{Dial: r.dial}
+	r.connectAgent()
 	pctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 	defer cancel()
 	if err := r.agent.Ping(pctx); err != nil {

@@ -19,7 +19,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox"
-	"github.com/tai42/sandbox/internal/agent"
 	"github.com/tai42/sandbox/internal/oscmd"
 	"github.com/tai42/sandbox/internal/sessionlock"
 	"github.com/tai42/sandbox/internal/sessnet"
@@ -467,7 +466,7 @@ func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, 
 	}); err != nil {
 		return nil, err
 	}
-	r.agent = &agent.Client{Dial: r.dial}
+	r.connectAgent()
 	pctx, cancel := context.WithTimeout(ctx, recoverPing)
 	defer cancel()
 	if err := r.agent.Ping(pctx); err != nil {

@@ -21,8 +21,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/agent"
-	"github.com/tai42/sandbox/internal/execgate"
-	"github.com/tai42/sandbox/internal/execout"
+	"github.com/tai42/sandbox/internal/agentexec"
 	"github.com/tai42/sandbox/internal/sessionlock"
 	"github.com/tai42/sandbox/internal/sessnet"
 	"github.com/tai42/sandbox/internal/undo"
@@ -60,11 +59,11 @@ type session struct {
 	// not unmount something: the disks under it and the bundle stay.
 	teardown undo.Stack
 	stuck    bool
-	ending   []*rproc // the execs Destroy ended, for removeContainer to wait for
+	ending   []*agentexec.Proc // the execs Destroy ended, for removeContainer to wait for
 
-	// execs: running execs, and ended interactive ones whose handles are
-	// held; closed once Destroy has begun.
-	execs execgate.Gate[*rproc]
+	// ex runs the session's execs and file operations through the agent;
+	// set with agent (see connectAgent).
+	ex *agentexec.Session
 
 	mu   sync.Mutex
 	puts map[string]int // persistent workspace: directories with a put_file in flight
@@ -77,9 +76,7 @@ var (
 
 func (r *session) WorkspacePath() string { return workspaceDir }
 
-func (r *session) gone() error {
-	return &sandbox.SessionNotFoundError{SessionID: r.id, Detail: "it was destroyed"}
-}
+func (r *session) gone() error { return r.ex.Gone() }
 
 // sockPath is the agent's socket as this process reaches it: through the
 // directory handle, since a state directory's path may be longer than a
@@ -94,19 +91,16 @@ func (r *session) dial(ctx context.Context) (net.Conn, error) {
 }
 
 // isClosed reports whether Destroy has begun.
-func (r *session) isClosed() bool { return r.execs.Closed() }
+func (r *session) isClosed() bool { return r.ex.Closed() }
 
 // Destroy ends every exec, then the container (every process in it), and
 // removes the session's network, root overlay (and its idmapped image
 // and sysfs), cgroup and bundle; an ephemeral workspace goes with the bundle, a
 // persistent one is kept.
 func (r *session) Destroy(ctx context.Context) error {
-	procs, first := r.execs.Close()
+	procs, first := r.ex.Close() // ends every exec
 	if !first {
 		return nil
-	}
-	for _, p := range procs {
-		p.end(execout.EndDestroy)
 	}
 	// Killing the container's PID 1 ends every process in its pid
 	// namespace; the agent's connections end, so do the execs. Deleting a
@@ -123,16 +117,7 @@ func (r *session) Destroy(ctx context.Context) error {
 func (r *session) waitEnded() error {
 	procs := r.ending
 	r.ending = nil
-	var errs []error
-	for _, p := range procs {
-		select {
-		case <-p.done:
-		case <-time.After(10 * time.Second):
-			errs = append(errs, fmt.Errorf("an exec did not end within 10s of the container's deletion"))
-		}
-		p.release()
-	}
-	return errors.Join(errs...)
+	return agentexec.WaitEnded(procs, 10*time.Second)
 }
 
 // putTempPrefix starts the names of the agent's put_file temporaries.
@@ -217,31 +202,6 @@ func removeRootMount(dir string) error {
 	return nil
 }
 
-// fileRef is p as the agent takes it: relative to the workspace, or to the
-// container's root for an absolute path outside it.
-func fileRef(p kit.Path) agent.FileRef {
-	if p.InWorkspace() {
-		return agent.FileRef{Root: workspaceDir, Rel: p.Rel, Orig: p.Orig}
-	}
-	rel := strings.TrimPrefix(filepath.Clean(p.Abs), "/")
-	if rel == "" {
-		rel = "."
-	}
-	return agent.FileRef{Root: "/", Rel: rel, Orig: p.Orig}
-}
-
-// fileErr is err of a file operation, or the session's end when the
-// operation failed because the session was destroyed under it.
-func (r *session) fileErr(err error) error {
-	if err != nil && r.isClosed() {
-		var nf *sandbox.SessionNotFoundError
-		if !errors.As(err, &nf) {
-			return r.gone()
-		}
-	}
-	return err
-}
-
 // PutFile writes data through the agent, which writes a temp file beside
 // the target and renames it into place: a reader sees the old content or
 // the new, never a mix. Missing parents are created; `..` and symlinks
@@ -254,7 +214,7 @@ func (r *session) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) er
 	if r.isClosed() {
 		return r.gone()
 	}
-	ref := fileRef(p)
+	ref := r.ex.FileRef(p)
 	// A persistent workspace outlives a crash of the machine: the agent
 	// flushes the file and its directory before it answers.
 	ref.Sync = r.spec.Durability == sandbox.Persistent && p.InWorkspace()
@@ -263,7 +223,7 @@ func (r *session) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) er
 		// put is admitted as an exec start is, so Destroy, once it has
 		// closed the gate, finds every put that passed it in r.puts.
 		dir := filepath.Dir(p.Rel)
-		if !r.execs.Admit() {
+		if !r.ex.Admit() {
 			return r.gone()
 		}
 		r.mu.Lock()
@@ -272,7 +232,7 @@ func (r *session) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) er
 		}
 		r.puts[dir]++
 		r.mu.Unlock()
-		r.execs.Done()
+		r.ex.Done()
 		defer func() {
 			r.mu.Lock()
 			if r.puts != nil {
@@ -283,28 +243,13 @@ func (r *session) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) er
 			r.mu.Unlock()
 		}()
 	}
-	return r.fileErr(r.agent.PutFile(ctx, ref, src))
+	return r.ex.PutFileFrom(ctx, ref, src)
 }
 
 func (r *session) GetFile(ctx context.Context, p kit.Path) ([]byte, error) {
-	rc, size, err := r.OpenFile(ctx, p)
-	if err != nil {
-		return nil, err
-	}
-	defer rc.Close()
-	// Read to the end with room for one read past the size, so a file that
-	// grew is still read whole and the end is found without a copy.
-	buf := bytes.NewBuffer(make([]byte, 0, size+bytes.MinRead))
-	if _, err := buf.ReadFrom(rc); err != nil {
-		return nil, r.fileErr(sandbox.WrapError("get_file", fmt.Sprintf("reading %q", p.Orig), err))
-	}
-	return buf.Bytes(), nil
+	return r.ex.GetFile(ctx, p)
 }
 
 func (r *session) OpenFile(ctx context.Context, p kit.Path) (io.ReadCloser, int64, error) {
-	if r.isClosed() {
-		return nil, 0, r.gone()
-	}
-	rc, size, err := r.agent.OpenFile(ctx, fileRef(p))
-	return rc, size, r.fileErr(err)
+	return r.ex.OpenFile(ctx, p)
 }
