@@ -39,8 +39,14 @@ func (h *keyHold) inUse(now time.Time) bool {
 // holdKey puts h in s.keys for key, op naming the caller's operation in
 // its errors. A created session holding the key that has expired, or
 // whose teardown has begun, is torn down first (its teardown finished):
-// it is gone for consumers already. Any other holder is a conflict.
+// it is gone for consumers already. Any other holder is a conflict. Over
+// a [SharedLedger], so is a live session of another sandbox.
 func (s *Sandbox) holdKey(ctx context.Context, key string, h *keyHold, op string) error {
+	if s.shared != nil {
+		if err := s.sharedKeyFree(ctx, key, h, op); err != nil {
+			return err
+		}
+	}
 	for {
 		s.mu.Lock()
 		if s.closed {

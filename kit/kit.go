@@ -5,6 +5,26 @@
 // the default exec timeout, workspace-relative path resolution, the form
 // of an exec's user (run only by a [UserRunner]) and the create-time
 // policy chokepoint.
+//
+// # Shared ledgers
+//
+// A ledger is usually the sandbox's own (in memory, or a file only its
+// process opens). A [SharedLedger] is one several sandboxes use at once,
+// each a daemon in its own process, maybe on its own machine, and each
+// serving every session the ledger holds: the kubernetes provider's
+// ledger is the apiserver (the session Pods' annotations), and several
+// daemons serve one cluster, so that a session outlives the daemon that
+// created it and any of them can serve a client. Over a SharedLedger the
+// ledger, not this process, says which sessions exist and until when:
+// New recovers nothing (the provider sweeps on its own); every use of a
+// session asks the ledger's watched view first, so that one destroyed or
+// touched by another sandbox is seen so here at once (a held copy of a
+// session destroyed elsewhere is let go, [Detacher]); a session another
+// sandbox made is adopted at its first use ([Adopter]); list shows every
+// sandbox's sessions; only the sandbox that [SharedLedger.Reaping] reaps,
+// and then every sandbox's expired sessions; Close destroys the sessions
+// its sandbox created and lets go of the adopted ones. With any other
+// ledger none of this applies.
 package kit
 
 import (
@@ -21,6 +41,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/singleflight"
 
 	"github.com/tai42/sandbox"
 )
@@ -46,7 +68,8 @@ type Options struct {
 	// Ledger records the sessions: nil means a [MemoryLedger], which
 	// forgets them with the process. With a durable ledger, New brings
 	// back the sessions an earlier process left live (see [Recoverer]);
-	// the kit closes the ledger at Close.
+	// the kit closes the ledger at Close. A [SharedLedger] makes the
+	// sandbox one of several serving its sessions (see the package doc).
 	Ledger Ledger
 }
 
@@ -59,6 +82,10 @@ type Sandbox struct {
 	reapInterval time.Duration
 	log          *slog.Logger
 	ledger       Ledger
+	shared       SharedLedger // ledger as a SharedLedger; nil when it is not one
+
+	adopting singleflight.Group // adoptions under way, by id
+	adopts   sync.WaitGroup     // Adopt calls under way; Close waits for them
 
 	mu       sync.Mutex
 	sessions map[string]*session
@@ -123,7 +150,10 @@ func New(prov Provider, opts Options) (_ *Sandbox, err error) {
 	if s.ledger == nil {
 		s.ledger = NewMemoryLedger()
 	}
-	if err := s.recover(context.Background()); err != nil {
+	if sl, ok := s.ledger.(SharedLedger); ok {
+		// Nothing to recover: every session is adopted at its first use.
+		s.shared = sl
+	} else if err := s.recover(context.Background()); err != nil {
 		return nil, err
 	}
 	if s.reapInterval > 0 {
@@ -169,7 +199,9 @@ func (s *Sandbox) reaper(ctx context.Context) {
 
 // Close stops the background reaper, destroys every session (persistent
 // workspaces are kept) and then closes the provider if it is an io.Closer.
-// Later creates fail. It is safe to call twice.
+// Later creates fail. It is safe to call twice. Over a [SharedLedger],
+// the sessions it destroys are those this sandbox created; those it
+// adopted are detached ([Detacher]) and live on for the other sandboxes.
 func (s *Sandbox) Close(ctx context.Context) error {
 	s.mu.Lock()
 	s.closed = true
@@ -180,9 +212,13 @@ func (s *Sandbox) Close(ctx context.Context) error {
 		<-s.reaperDone
 	}
 	var errs []error
-	for _, ss := range all {
-		if err := s.destroy(ctx, ss); err != nil {
-			errs = append(errs, err)
+	if s.shared != nil {
+		errs = s.closeShared(ctx, all)
+	} else {
+		for _, ss := range all {
+			if err := s.destroy(ctx, ss); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	s.closeOnce.Do(func() {
@@ -218,6 +254,7 @@ func (s *Sandbox) Abandon() {
 		<-s.reaperDone
 		s.stopReaper = nil
 	}
+	s.adopts.Wait()
 	s.closeOnce.Do(func() {
 		if a, ok := s.prov.(Abandoner); ok {
 			a.Abandon()
@@ -307,8 +344,15 @@ func (s *Sandbox) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (
 		forget()
 		return nil, sandbox.Errorf("create_session", "the sandbox is closed")
 	}
+	// Over a shared ledger, a lookup between the live record and here
+	// may have adopted the session (listed, then looked up): this one
+	// serves it, and the adopted copy lets go.
+	adopted := s.sessions[id]
 	s.sessions[id] = ss
 	s.mu.Unlock()
+	if adopted != nil {
+		s.detach(adopted, "adopted while its create was finishing here")
+	}
 	s.log.Info("session created", "id", id, "image", spec.Image, "durability", spec.Durability,
 		"network", spec.Network, "ttl_seconds", spec.TTLSeconds)
 	return ss, nil
@@ -353,36 +397,47 @@ func CheckPolicy(p sandbox.Policy, spec sandbox.SessionSpec) error {
 }
 
 // GetSession implements [sandbox.Sandbox].
-func (s *Sandbox) GetSession(_ context.Context, id string) (sandbox.Session, error) {
-	ss, err := s.lookup(id)
+func (s *Sandbox) GetSession(ctx context.Context, id string) (sandbox.Session, error) {
+	ss, err := s.lookup(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	return ss, nil
 }
 
-func (s *Sandbox) lookup(id string) (*session, error) {
-	s.mu.Lock()
-	ss := s.sessions[id]
-	s.mu.Unlock()
+func (s *Sandbox) lookup(ctx context.Context, id string) (*session, error) {
+	var ss *session
+	if s.shared != nil {
+		var err error
+		if ss, err = s.lookupShared(ctx, "get_session", id, false); err != nil {
+			return nil, err
+		}
+	} else {
+		s.mu.Lock()
+		ss = s.sessions[id]
+		s.mu.Unlock()
+	}
 	if ss == nil {
 		return nil, &sandbox.SessionNotFoundError{SessionID: id}
 	}
-	if err := ss.live(); err != nil {
+	if err := ss.liveLocal(); err != nil {
 		return nil, err
 	}
 	return ss, nil
 }
 
 // ListSessions implements [sandbox.Sandbox]: every live, unexpired session,
-// oldest first.
-func (s *Sandbox) ListSessions(context.Context) ([]sandbox.SessionInfo, error) {
+// oldest first. Over a [SharedLedger], every sandbox's.
+func (s *Sandbox) ListSessions(ctx context.Context) ([]sandbox.SessionInfo, error) {
+	if s.shared != nil {
+		return s.listShared(ctx)
+	}
 	s.mu.Lock()
 	all := slices.Collect(maps.Values(s.sessions))
 	s.mu.Unlock()
 	out := make([]sandbox.SessionInfo, 0, len(all))
 	for _, ss := range all {
-		if info, err := ss.info(); err == nil {
+		if info, err := ss.info(ctx); err == nil {
 			out = append(out, info)
 		}
 	}
@@ -395,8 +450,13 @@ func (s *Sandbox) ListSessions(context.Context) ([]sandbox.SessionInfo, error) {
 	return out, nil
 }
 
-// DestroySession implements [sandbox.Sandbox]; idempotent.
+// DestroySession implements [sandbox.Sandbox]; idempotent. Over a
+// [SharedLedger], a session another sandbox made is adopted, then
+// destroyed.
 func (s *Sandbox) DestroySession(ctx context.Context, id string) error {
+	if s.shared != nil {
+		return s.destroyShared(ctx, id)
+	}
 	s.mu.Lock()
 	ss := s.sessions[id]
 	s.mu.Unlock()
@@ -408,8 +468,13 @@ func (s *Sandbox) DestroySession(ctx context.Context, id string) error {
 
 // Reap implements [sandbox.Sandbox]: it destroys every session past its
 // expires_at and returns exactly the ids it destroyed. A session whose
-// teardown fails is not listed; the failure is returned.
+// teardown fails is not listed; the failure is returned. Over a
+// [SharedLedger] it destroys the expired sessions of every sandbox, and
+// only while [SharedLedger.Reaping]; else none.
 func (s *Sandbox) Reap(ctx context.Context) ([]string, error) {
+	if s.shared != nil {
+		return s.reapShared(ctx)
+	}
 	now := time.Now()
 	s.mu.Lock()
 	var expired []*session
@@ -439,6 +504,11 @@ func (s *Sandbox) Reap(ctx context.Context) ([]string, error) {
 func (s *Sandbox) ReapedCount() uint64 { return s.reaped.Load() }
 
 func (s *Sandbox) destroy(ctx context.Context, ss *session) error {
+	// Over a shared ledger, a session destroyed elsewhere is detached
+	// here, and destroyOnce then returns at once.
+	if err := s.syncShared(ctx, "destroy_session", ss); err != nil && !errors.Is(err, sandbox.ErrSessionNotFound) {
+		return err
+	}
 	_, err := s.destroyOnce(ctx, ss)
 	return err
 }
@@ -474,7 +544,9 @@ func (s *Sandbox) destroyOnce(ctx context.Context, ss *session) (first bool, err
 		}
 	}
 	s.mu.Lock()
-	delete(s.sessions, ss.id)
+	if s.sessions[ss.id] == ss {
+		delete(s.sessions, ss.id)
+	}
 	s.dropHold(ss.spec.WorkspaceKey, ss.hold)
 	if err != nil {
 		err = sandbox.WrapError("destroy_session", "tearing down session "+ss.id+" failed", err)

@@ -72,7 +72,8 @@ type Recoverable interface {
 //
 // The kit calls Recover once, from [New], before any create, with the
 // sessions its ledger holds as live and unexpired (none when the ledger is
-// in memory, or empty). The provider:
+// in memory, or empty); never over a [SharedLedger], whose sessions are
+// adopted one by one ([Adopter]). The provider:
 //   - finds everything of its own on the machine (containers, processes,
 //     mounts, cgroups, network namespaces, veths, nftables rules, session
 //     and ephemeral workspace directories) and removes what no kept session
@@ -153,4 +154,71 @@ type WorkspaceStore interface {
 	// only while no session holds key, and holds key against creates
 	// until it returns.
 	RemoveWorkspace(ctx context.Context, key string) error
+}
+
+// SharedLedger is a [Ledger] several sandboxes use at once: each one, in
+// its own process and maybe on its own machine, serves every session the
+// ledger holds, whichever of them created it (see the package doc). With a
+// SharedLedger, [New] does not call [Recoverer.Recover]: a session is
+// adopted ([Adopter]) by the first use of its id in a sandbox that does
+// not hold it, and the provider sweeps what no record owns on its own,
+// while it is the one [SharedLedger.Reaping].
+//
+// Besides the [Ledger] rules, a SharedLedger:
+//   - answers Get and Load from a local view it keeps current (a watch),
+//     not with a round trip: the kit calls Get on every use of a session.
+//     A Get of an id the view does not hold may confirm the miss with one
+//     round trip, so that a session another sandbox created a moment ago
+//     is found here before the watch delivers it (a miss is rare: an
+//     unknown id, or a session just created elsewhere);
+//   - reads its own writes: once a Put or Delete of this process returned,
+//     Get and Load answer with it (or with a later write of any sandbox),
+//     so that a session this sandbox just created, touched or destroyed is
+//     never seen in an older state here; another sandbox's write reaches
+//     the view when the watch delivers it;
+//   - keeps env values in what Get and Load return (an adopted session's
+//     execs get them as before), as [Record.Spec] says.
+//
+// An error of Get or Load means the view cannot answer (not yet synced,
+// the ledger gone); the kit passes it on as a *sandbox.SandboxError and
+// takes it for neither a destroy nor an expiry. Methods are safe for
+// concurrent use.
+type SharedLedger interface {
+	Ledger
+	// Get returns the record id as the ledger holds it now; ok false
+	// when it holds none.
+	// Called on every use of a session: answer from a watched local view,
+	// not a round trip.
+	Get(ctx context.Context, id string) (r Record, ok bool, err error)
+	// Reaping reports whether this sandbox is the one that reaps now (one
+	// per ledger: a Lease). While it is, the kit's [Sandbox.Reap] destroys
+	// every expired live session of the ledger; while it is not, Reap
+	// destroys none. It must be cheap (a field read).
+	Reaping() bool
+}
+
+// Adopter is an optional interface of a [Provider] whose sessions a
+// [SharedLedger] shares: Adopt serves from this process a session another
+// sandbox made (or an earlier process of this one), from its record, and
+// touches nothing of the session itself (no restart, no sweep). The kit
+// calls it at most once at a time per id, with a record it saw live and
+// unexpired; the Resources it returns serve the session from then on,
+// and their Destroy tears it down as if this sandbox had made it. A
+// session that is no longer there is an error (a *sandbox.SessionNotFoundError
+// reaches the caller as it is). A provider without Adopter serves only the
+// sessions its own sandbox created: others are not found.
+type Adopter interface {
+	Adopt(ctx context.Context, k Kept) (Resources, error)
+}
+
+// Detacher is an optional interface of [Resources]: Detach lets go of what
+// this process holds for the session (connections, goroutines) without
+// touching the session itself, which another sandbox serves, or has
+// destroyed. The kit calls it, once, instead of Destroy when it drops a
+// session it holds but does not destroy: one destroyed elsewhere, one it
+// adopted when it closes, an expired one while another sandbox reaps.
+// An exec still running on the Resources may then fail. Resources without
+// Detacher are dropped as they are.
+type Detacher interface {
+	Detach()
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -26,6 +27,7 @@ type session struct {
 	created, expires time.Time
 	handle           json.RawMessage // the provider's, for the ledger
 	hold             *keyHold        // its workspace_key's hold; nil: ephemeral
+	adopted          bool            // made by another sandbox of a SharedLedger (or process)
 	destroying       bool
 	ledgerMu         sync.Mutex    // orders this session's ledger writes
 	gone             chan struct{} // closed when teardown finished
@@ -45,8 +47,17 @@ func (ss *session) expiredAt(now time.Time) bool { return !now.Before(ss.expires
 
 // live returns *SessionNotFoundError once the session is destroyed or
 // expired: an expired session is gone for consumers at once, before the
-// reaper tears it down.
-func (ss *session) live() error {
+// reaper tears it down. Over a [SharedLedger] it asks the ledger first,
+// so that a session another sandbox destroyed or touched is seen so here.
+func (ss *session) live(ctx context.Context, op string) error {
+	if err := ss.kit.syncShared(ctx, op, ss); err != nil {
+		return err
+	}
+	return ss.liveLocal()
+}
+
+// liveLocal is live as this sandbox knows the session.
+func (ss *session) liveLocal() error {
 	ss.kit.mu.Lock()
 	defer ss.kit.mu.Unlock()
 	switch {
@@ -58,8 +69,8 @@ func (ss *session) live() error {
 	return nil
 }
 
-func (ss *session) info() (sandbox.SessionInfo, error) {
-	if err := ss.live(); err != nil {
+func (ss *session) info(ctx context.Context) (sandbox.SessionInfo, error) {
+	if err := ss.live(ctx, "session_info"); err != nil {
 		return sandbox.SessionInfo{}, err
 	}
 	ss.kit.mu.Lock()
@@ -81,7 +92,7 @@ func (ss *session) info() (sandbox.SessionInfo, error) {
 	}, nil
 }
 
-func (ss *session) Info(context.Context) (sandbox.SessionInfo, error) { return ss.info() }
+func (ss *session) Info(ctx context.Context) (sandbox.SessionInfo, error) { return ss.info(ctx) }
 
 // Touch extends expires_at to max(expires_at, now+ttl): a keep-alive that
 // never shortens a life.
@@ -89,6 +100,9 @@ func (ss *session) Info(context.Context) (sandbox.SessionInfo, error) { return s
 // The new expires_at is in the ledger when Touch returns: a restarted
 // daemon does not reap a session its client kept alive.
 func (ss *session) Touch(ctx context.Context) error {
+	if err := ss.kit.syncShared(ctx, "touch", ss); err != nil {
+		return err
+	}
 	ss.kit.mu.Lock()
 	now := time.Now()
 	if ss.destroying || ss.expiredAt(now) {
@@ -104,6 +118,11 @@ func (ss *session) Touch(ctx context.Context) error {
 		return nil
 	}
 	if err := ss.putLedger(ctx, StateLive); err != nil {
+		// A shared ledger refuses the touch of a session another
+		// sandbox destroyed meanwhile: it is not found.
+		if serr := ss.kit.syncShared(ctx, "touch", ss); errors.Is(serr, sandbox.ErrSessionNotFound) {
+			return serr
+		}
 		return sandbox.WrapError("touch", "the session ledger could not record the new expires_at", err)
 	}
 	return nil
@@ -136,7 +155,7 @@ func (ss *session) putLedger(ctx context.Context, st State) error {
 func (ss *session) Destroy(ctx context.Context) error { return ss.kit.destroy(ctx, ss) }
 
 func (ss *session) Exec(ctx context.Context, argv []string, opts sandbox.ExecOptions) (sandbox.ExecResult, error) {
-	req, err := ss.execRequest("exec", argv, opts.Cwd, opts.Env, opts.Timeout, opts.User)
+	req, err := ss.execRequest(ctx, "exec", argv, opts.Cwd, opts.Env, opts.Timeout, opts.User)
 	if err != nil {
 		return sandbox.ExecResult{}, err
 	}
@@ -145,15 +164,15 @@ func (ss *session) Exec(ctx context.Context, argv []string, opts sandbox.ExecOpt
 }
 
 func (ss *session) ExecStart(ctx context.Context, argv []string, opts sandbox.StartOptions) (sandbox.ExecHandle, error) {
-	req, err := ss.execRequest("exec_start", argv, opts.Cwd, opts.Env, opts.Timeout, opts.User)
+	req, err := ss.execRequest(ctx, "exec_start", argv, opts.Cwd, opts.Env, opts.Timeout, opts.User)
 	if err != nil {
 		return nil, err
 	}
 	return ss.res.ExecStart(ctx, req)
 }
 
-func (ss *session) execRequest(op string, argv []string, cwd string, env map[string]sandbox.Secret, timeout time.Duration, user string) (ExecRequest, error) {
-	if err := ss.live(); err != nil {
+func (ss *session) execRequest(ctx context.Context, op string, argv []string, cwd string, env map[string]sandbox.Secret, timeout time.Duration, user string) (ExecRequest, error) {
+	if err := ss.live(ctx, op); err != nil {
 		return ExecRequest{}, err
 	}
 	if timeout <= 0 {
@@ -197,7 +216,7 @@ func (ss *session) execRequest(op string, argv []string, cwd string, env map[str
 }
 
 func (ss *session) PutFile(ctx context.Context, path string, data []byte) error {
-	if err := ss.live(); err != nil {
+	if err := ss.live(ctx, "put_file"); err != nil {
 		return err
 	}
 	p, err := ss.resolve("put_file", path, false)
@@ -208,7 +227,7 @@ func (ss *session) PutFile(ctx context.Context, path string, data []byte) error 
 }
 
 func (ss *session) GetFile(ctx context.Context, path string) ([]byte, error) {
-	if err := ss.live(); err != nil {
+	if err := ss.live(ctx, "get_file"); err != nil {
 		return nil, err
 	}
 	p, err := ss.resolve("get_file", path, false)
@@ -221,7 +240,7 @@ func (ss *session) GetFile(ctx context.Context, path string) ([]byte, error) {
 // PutFileFrom implements [sandbox.FileStreamer]: through the provider's
 // [FileStreamer] when it has one, else by reading r whole and PutFile.
 func (ss *session) PutFileFrom(ctx context.Context, path string, r io.Reader) error {
-	if err := ss.live(); err != nil {
+	if err := ss.live(ctx, "put_file"); err != nil {
 		return err
 	}
 	p, err := ss.resolve("put_file", path, false)
@@ -241,7 +260,7 @@ func (ss *session) PutFileFrom(ctx context.Context, path string, r io.Reader) er
 // OpenFile implements [sandbox.FileStreamer]: through the provider's
 // [FileStreamer] when it has one, else GetFile's bytes.
 func (ss *session) OpenFile(ctx context.Context, path string) (io.ReadCloser, int64, error) {
-	if err := ss.live(); err != nil {
+	if err := ss.live(ctx, "get_file"); err != nil {
 		return nil, 0, err
 	}
 	p, err := ss.resolve("get_file", path, false)

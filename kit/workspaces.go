@@ -33,10 +33,16 @@ func (s *Sandbox) ListWorkspaces(ctx context.Context) ([]sandbox.WorkspaceInfo, 
 	if out == nil {
 		out = []sandbox.WorkspaceInfo{}
 	}
+	var shared map[string]string // over a SharedLedger: every sandbox's holders
+	if s.shared != nil {
+		if shared, err = s.sharedKeysInUse(ctx); err != nil {
+			return nil, err
+		}
+	}
 	now := time.Now()
 	s.mu.Lock()
 	for i := range out {
-		out[i].InUseBy = ""
+		out[i].InUseBy = shared[out[i].Key]
 		if h := s.keys[out[i].Key]; h != nil && h.inUse(now) {
 			out[i].InUseBy = h.ss.id
 		}
