@@ -39,6 +39,12 @@ type Options struct {
 	// Networks are the tiers it honours; every other tier must be rejected
 	// with a *SpecRejectedError of Reason ReasonUnenforceable.
 	Networks []sandbox.Network
+	// NetworkNoneFenced, when set, is how a provider whose network none is
+	// a fence around an interface rather than a network namespace of
+	// loopback only (a Pod under a deny-all NetworkPolicy keeps its eth0)
+	// shows that the session reaches nothing: the NetworkNone clause calls
+	// it with a fresh none session in place of its loopback-only check.
+	NetworkNoneFenced func(t *testing.T, sess sandbox.Session)
 	// Durable: the provider has durable storage, so persistent sessions
 	// work; otherwise a persistent spec must be rejected as unenforceable.
 	Durable bool

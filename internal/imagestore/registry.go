@@ -123,6 +123,12 @@ func (r *regConfig) endpoints(ref name.Reference) ([]name.Reference, error) {
 // TLS and plain HTTP for the insecure hosts only, each one watched for
 // stalls (see watch).
 func (r *regConfig) transport(w *watch) http.RoundTripper {
+	w.next = r.route()
+	return w
+}
+
+// route is the transport of regConfig's requests but the stall watch.
+func (r *regConfig) route() *route {
 	base := r.opts.Transport
 	if base == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
@@ -140,8 +146,21 @@ func (r *regConfig) transport(w *watch) http.RoundTripper {
 		r.closers = append(r.closers, c)
 		skipVerify = c
 	}
-	w.next = &route{r: r, secure: base, skipVerify: skipVerify}
-	return w
+	return &route{r: r, secure: base, skipVerify: skipVerify}
+}
+
+// Transport is a transport that reaches registries as a pull does: over
+// verified HTTPS, plain HTTP and unverified TLS for opts.Insecure alone,
+// an untrusted certificate an error saying what to do; for requests of
+// the caller's own (a push). insecure says whether a host (a reference's
+// registry) is one of opts' insecure ones, to parse its references with
+// name.Insecure; done releases the transport's idle connections.
+func Transport(opts RegistryOptions) (rt http.RoundTripper, insecure func(host string) bool, done func(), err error) {
+	r, err := newRegistry(opts)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return r.route(), r.isInsecure, r.close, nil
 }
 
 // close releases the connections the pull's transports keep.

@@ -84,24 +84,39 @@ func Start(t testing.TB, opts Options) *Registry {
 			t.Skip("htpasswd is not installed (apt-get install -y apache2-utils): the registry's basic auth needs its bcrypt file")
 		}
 	}
-	r := &Registry{opts: opts, dir: t.TempDir()}
+	r, err := Run(t.TempDir(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := r.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return r
+}
+
+// Run runs a registry with its files under dir (which must exist), for a
+// caller that has no testing.TB (a TestMain, a command): Close stops it.
+// Unlike Start it does not skip: a missing docker-registry is an error.
+func Run(dir string, opts Options) (*Registry, error) {
+	r := &Registry{opts: opts, dir: dir}
 	r.log = filepath.Join(r.dir, "registry.log")
 	if opts.TLS || opts.Token {
 		ca, err := newCA()
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		r.caPEM = ca.certPEM
 		if r.cert, err = ca.serverCert(); err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 	}
 	if opts.Token {
 		ts, err := startTokenServer(opts, r.cert)
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
-		t.Cleanup(ts.close)
 		r.token = ts
 	}
 	// A free port is chosen by binding it and letting it go: another
@@ -109,16 +124,27 @@ func Start(t testing.TB, opts Options) *Registry {
 	// started again on another one.
 	var err error
 	for range 3 {
-		if err = r.start(t); err == nil {
-			return r
+		if err = r.start(); err == nil {
+			return r, nil
 		}
 	}
-	t.Fatalf("starting the registry: %v", err)
-	return nil
+	if r.token != nil {
+		r.token.close()
+	}
+	return nil, fmt.Errorf("starting the registry: %w", err)
+}
+
+// Close stops the registry (and its token server).
+func (r *Registry) Close() error {
+	err := r.stop()
+	if r.token != nil {
+		r.token.close()
+	}
+	return err
 }
 
 // start runs the registry on a free port and waits until /v2/ answers.
-func (r *Registry) start(t testing.TB) error {
+func (r *Registry) start() error {
 	port, err := freePort()
 	if err != nil {
 		return err
@@ -144,11 +170,6 @@ func (r *Registry) start(t testing.TB) error {
 	if err := r.waitReady(); err != nil {
 		return errors.Join(fmt.Errorf("%w; its log:\n%s", err, r.tailLog()), r.stop())
 	}
-	t.Cleanup(func() {
-		if err := r.stop(); err != nil {
-			t.Error(err)
-		}
-	})
 	return nil
 }
 
@@ -380,13 +401,21 @@ func (r *Registry) parseRef(ref string) (name.Reference, error) {
 // go-containerregistry's remote.Write, as the first user by name.
 func (r *Registry) Push(t testing.TB, ref string, img v1.Image) {
 	t.Helper()
-	nr, err := r.parseRef(ref)
-	if err != nil {
+	if err := r.PushImage(ref, img); err != nil {
 		t.Fatal(err)
 	}
-	if err := remote.Write(nr, img, r.remoteOptions()...); err != nil {
-		t.Fatalf("pushing %s: %v", ref, err)
+}
+
+// PushImage is Push for a caller without a testing.TB.
+func (r *Registry) PushImage(ref string, img v1.Image) error {
+	nr, err := r.parseRef(ref)
+	if err != nil {
+		return err
 	}
+	if err := remote.Write(nr, img, r.remoteOptions()...); err != nil {
+		return fmt.Errorf("pushing %s: %w", ref, err)
+	}
+	return nil
 }
 
 // PushIndex writes the image index idx (and its images) under ref.
