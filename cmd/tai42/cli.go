@@ -17,6 +17,9 @@ type cli struct {
 	stderr    io.Writer
 	lookupEnv func(string) (string, bool)
 	signals   <-chan os.Signal // nil: never interrupted
+	// exe is the executable "tai42 agent-image push" pushes; "" for
+	// os.Executable (a test's binary is not tai42).
+	exe string
 
 	// remote is the daemon the command talks to, once dialled: errors
 	// from it are explained with where its address and token came from.
@@ -77,7 +80,9 @@ any language and for the client commands (create, ls, exec, shell, cp,
 touch, rm, reap, workspace, and run), which find it through $TAI42_URL
 and $TAI42_TOKEN (or --url and --token). The daemon keeps its sessions in
 a ledger in its state directory: killed, it brings them back when it
-starts again.
+starts again. With --provider kubernetes its sessions are Pods of a
+cluster, whose apiserver is the ledger several daemons share ("tai42
+agent-image push" makes the image their agent comes from).
 
 Commands that print data print a table or plain lines for people, and JSON
 with --json for programs.`,
@@ -117,7 +122,7 @@ with --json for programs.`,
 		c.runCmd(), c.serveCmd(),
 		c.createCmd(), c.lsCmd(), c.execCmd(), c.shellCmd(), c.cpCmd(),
 		c.touchCmd(), c.rmCmd(), c.reapCmd(), c.workspaceCmd(),
-		c.imageCmd(),
+		c.imageCmd(), c.agentImageCmd(),
 		c.versionCmd(),
 		c.agentCmd(),
 	)

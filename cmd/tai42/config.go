@@ -17,6 +17,7 @@ import (
 	"github.com/tai42/sandbox/internal/egressdns"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/kubernetes"
 )
 
 // configEnv names the variable that names the config file of "tai42 serve".
@@ -67,6 +68,7 @@ type serveFlags struct {
 	diskInodes      int64
 	diskReserveMB   int
 	images          imageFlags
+	kube            kubeFlags
 }
 
 // addServeFlags registers the flags of "tai42 serve" on fl.
@@ -74,7 +76,7 @@ func addServeFlags(fl *pflag.FlagSet, f *serveFlags) {
 	fl.StringVar(&f.config, "config", "", "TOML config `FILE` (default: $"+configEnv+"; none when unset)")
 	fl.StringVar(&f.listen, "listen", defaultListen, "address to serve on: `HOST:PORT` (port 0 picks a free one) or unix:/PATH")
 	fl.StringVar(&f.stateDir, "state-dir", "", "state directory: workspaces, the token file (default: $"+stateDirEnv+", else $XDG_STATE_HOME/tai42, else ~/.local/state/tai42)")
-	fl.StringVar(&f.provider, "provider", defaultProvider, "sandbox provider to serve: container or host (default: container where runc or crun is installed and tai42 runs as root, else host)")
+	fl.StringVar(&f.provider, "provider", defaultProvider, "sandbox provider to serve: container, host or kubernetes (default: container where runc or crun is installed and tai42 runs as root, else host)")
 	fl.StringVar(&f.runtime, "runtime", "runc", "the container provider's OCI runtime: runc or crun (a name in PATH or a path)")
 	fl.StringVar(&f.netPrefix, "net-prefix", "", "the container provider's prefix for its bridges, veths and nftables table, at most 6 characters (default tai42); two daemons on one host need different ones")
 	fl.StringVar(&f.token, "token", "", "the token clients must send (default: the token file; prefer $TAI42_TOKEN: a flag shows in ps)")
@@ -100,6 +102,7 @@ func addServeFlags(fl *pflag.FlagSet, f *serveFlags) {
 	fl.Int64Var(&f.diskInodes, "disk-inodes", 0, "the files a session's disk holds at most (default: one per 16 KiB of --disk-mb)")
 	fl.IntVar(&f.diskReserveMB, "disk-reserve-mb", defaultDiskReserveMB, "refuse creates while the state directory's filesystem has less than this free, in MiB")
 	addImageFlags(fl, &f.images)
+	addKubeFlags(fl, &f.kube)
 }
 
 // setting ties a flag of "tai42 serve" to its environment variable and
@@ -141,7 +144,7 @@ var serveSettings = append([]setting{
 	{"disk-mb", "TAI42_DISK_MB", "disk.mb"},
 	{"disk-inodes", "TAI42_DISK_INODES", "disk.inodes"},
 	{"disk-reserve-mb", "TAI42_DISK_RESERVE_MB", "disk.reserve_mb"},
-}, imageSettings...)
+}, append(imageSettings, kubeSettings...)...)
 
 // fileConfig is the layout of the config file. A nil field, or an empty
 // string, is a key the file leaves unset.
@@ -190,6 +193,19 @@ type fileConfig struct {
 		Mirrors  []string `toml:"mirrors"`
 		Insecure []string `toml:"insecure"`
 	} `toml:"registry"`
+	Kubernetes struct {
+		Kubeconfig       *string  `toml:"kubeconfig"`
+		Namespace        *string  `toml:"namespace"`
+		AgentImage       *string  `toml:"agent_image"`
+		PodUser          *string  `toml:"pod_user"`
+		RuntimeClass     *string  `toml:"runtime_class"`
+		ImagePullSecrets []string `toml:"image_pull_secrets"`
+		StorageClass     *string  `toml:"storage_class"`
+		CreateTimeout    *string  `toml:"create_timeout"`
+		ProbeImage       *string  `toml:"network_probe_image"`
+		TrustNetwork     *bool    `toml:"trust_network_policy"`
+		WorkspaceSize    *string  `toml:"workspace_size"`
+	} `toml:"kubernetes"`
 }
 
 // sizeValue is a size in the config file: a string ("20GiB") or a number
@@ -210,7 +226,7 @@ func (v *sizeValue) UnmarshalTOML(data any) error {
 
 // pathKeys are the config keys holding a path: a relative one is relative
 // to the config file's directory.
-var pathKeys = map[string]bool{"state_dir": true, "token_file": true, "tls.cert": true, "tls.key": true}
+var pathKeys = map[string]bool{"state_dir": true, "token_file": true, "tls.cert": true, "tls.key": true, "kubernetes.kubeconfig": true}
 
 // loadConfigFile reads the config file at path strictly (an unknown key is
 // an error naming it) and returns the values it sets, by key, as flag
@@ -226,7 +242,7 @@ func loadConfigFile(path string) (map[string]string, error) {
 		for i, k := range und {
 			keys[i] = k.String()
 		}
-		return nil, fmt.Errorf("config file %s: unknown key(s) %s (known: listen, state_dir, provider, runtime, net_prefix, token_file, exec_default_timeout, reap_interval, log_level, log_format, [tls] cert and key, [policy] egress, isolation, durable and scrub_transcript, [limits] max_body_bytes, max_output_bytes and shutdown_grace, [egress] allow, deny, allow_domains and dns, [disk] mb, inodes and reserve_mb, [images] pull and max_size, [registry] mirrors and insecure)",
+		return nil, fmt.Errorf("config file %s: unknown key(s) %s (known: listen, state_dir, provider, runtime, net_prefix, token_file, exec_default_timeout, reap_interval, log_level, log_format, [tls] cert and key, [policy] egress, isolation, durable and scrub_transcript, [limits] max_body_bytes, max_output_bytes and shutdown_grace, [egress] allow, deny, allow_domains and dns, [disk] mb, inodes and reserve_mb, [images] pull and max_size, [registry] mirrors and insecure, [kubernetes] kubeconfig, namespace, agent_image, pod_user, runtime_class, image_pull_secrets, storage_class, create_timeout, network_probe_image, trust_network_policy and workspace_size)",
 			path, strings.Join(keys, ", "))
 	}
 	out := map[string]string{}
@@ -251,20 +267,30 @@ func loadConfigFile(path string) (map[string]string, error) {
 	str("policy.isolation", fc.Policy.Isolation)
 	str("limits.shutdown_grace", fc.Limits.ShutdownGrace)
 	str("images.pull", fc.Images.Pull)
+	str("kubernetes.kubeconfig", fc.Kubernetes.Kubeconfig)
+	str("kubernetes.namespace", fc.Kubernetes.Namespace)
+	str("kubernetes.agent_image", fc.Kubernetes.AgentImage)
+	str("kubernetes.pod_user", fc.Kubernetes.PodUser)
+	str("kubernetes.runtime_class", fc.Kubernetes.RuntimeClass)
+	str("kubernetes.storage_class", fc.Kubernetes.StorageClass)
+	str("kubernetes.create_timeout", fc.Kubernetes.CreateTimeout)
+	str("kubernetes.network_probe_image", fc.Kubernetes.ProbeImage)
+	str("kubernetes.workspace_size", fc.Kubernetes.WorkspaceSize)
 	if fc.Images.MaxSize != nil {
 		str("images.max_size", (*string)(fc.Images.MaxSize))
 	}
-	for key, v := range map[string]*bool{"policy.durable": fc.Policy.Durable, "policy.scrub_transcript": fc.Policy.ScrubTranscript} {
+	for key, v := range map[string]*bool{"policy.durable": fc.Policy.Durable, "policy.scrub_transcript": fc.Policy.ScrubTranscript,
+		"kubernetes.trust_network_policy": fc.Kubernetes.TrustNetwork} {
 		if v != nil {
 			out[key] = strconv.FormatBool(*v)
 		}
 	}
 	for key, v := range map[string][]string{"egress.allow": fc.Egress.Allow, "egress.deny": fc.Egress.Deny, "egress.allow_domains": fc.Egress.AllowDomains, "egress.dns": fc.Egress.DNS,
-		"registry.mirrors": fc.Registry.Mirrors, "registry.insecure": fc.Registry.Insecure} {
+		"registry.mirrors": fc.Registry.Mirrors, "registry.insecure": fc.Registry.Insecure, "kubernetes.image_pull_secrets": fc.Kubernetes.ImagePullSecrets} {
 		if len(v) > 0 {
 			for _, e := range v {
 				if strings.Contains(e, ",") {
-					return nil, fmt.Errorf("config file %s: %s: %q holds a comma, which no CIDR, address, domain name or registry does", path, key, e)
+					return nil, fmt.Errorf("config file %s: %s: %q holds a comma, which no CIDR, address, domain name, registry or Secret name does", path, key, e)
 				}
 			}
 			out[key] = strings.Join(v, ",")
@@ -308,6 +334,7 @@ type serveConfig struct {
 	egress         egressConfig
 	disk           diskConfig
 	images         imageConfig
+	kube           kubeConfig
 	// reload resolves the configuration again as at start (the same
 	// command line, the environment, the config file as it is now), for a
 	// SIGHUP; nil where nothing reloads.
@@ -394,6 +421,7 @@ func resolveServeConfig(fl *pflag.FlagSet, f *serveFlags, lookupEnv func(string)
 	cfg, err := f.validate(lookupEnv)
 	cfg.disk.explicit = explicitDisk
 	cfg.images.given = givenSettings(level, imageSettings)
+	cfg.kube.given = givenSettings(level, kubeSettings)
 	return cfg, err
 }
 
@@ -449,21 +477,7 @@ func givenSettings(level map[string]int, settings []setting) []string {
 // the flag, else the variable, else the config file $TAI42_CONFIG names
 // (the daemon's), else the default.
 func resolveImageSettings(fl *pflag.FlagSet, f *imageFlags, lookupEnv func(string) (string, bool)) (imageConfig, error) {
-	var settings []setting
-	for _, s := range imageSettings {
-		if fl.Lookup(s.flag) != nil {
-			settings = append(settings, s)
-		}
-	}
-	path, _ := envValue(lookupEnv, configEnv)
-	var file map[string]string
-	if path != "" {
-		var err error
-		if file, err = loadConfigFile(path); err != nil {
-			return imageConfig{}, fmt.Errorf("%w (from $%s)", err, configEnv)
-		}
-	}
-	level, err := applySettings(fl, settings, lookupEnv, path, file)
+	level, err := applyClientSettings(fl, imageSettings, lookupEnv)
 	if err != nil {
 		return imageConfig{}, err
 	}
@@ -471,8 +485,29 @@ func resolveImageSettings(fl *pflag.FlagSet, f *imageFlags, lookupEnv func(strin
 		f.pull = string(container.PullMissing)
 	}
 	cfg, err := f.validate()
-	cfg.given = givenSettings(level, settings)
+	cfg.given = givenSettings(level, imageSettings)
 	return cfg, err
+}
+
+// applyClientSettings applies those of settings that fl has as
+// applySettings does, the config file being the one $TAI42_CONFIG names
+// (the daemon's): the settings of a command other than serve.
+func applyClientSettings(fl *pflag.FlagSet, settings []setting, lookupEnv func(string) (string, bool)) (map[string]int, error) {
+	var have []setting
+	for _, s := range settings {
+		if fl.Lookup(s.flag) != nil {
+			have = append(have, s)
+		}
+	}
+	path, _ := envValue(lookupEnv, configEnv)
+	var file map[string]string
+	if path != "" {
+		var err error
+		if file, err = loadConfigFile(path); err != nil {
+			return nil, fmt.Errorf("%w (from $%s)", err, configEnv)
+		}
+	}
+	return applySettings(fl, have, lookupEnv, path, file)
 }
 
 // envValue looks name up; an empty value, or no name, is unset.
@@ -555,6 +590,14 @@ func (f *serveFlags) validate(lookupEnv func(string) (string, bool)) (serveConfi
 	cfg.disk = diskConfig{mb: f.diskMB, inodes: f.diskInodes, reserveMB: f.diskReserveMB, resolved: true}
 	if cfg.images, err = f.images.validate(); err != nil {
 		return serveConfig{}, err
+	}
+	if cfg.kube, err = f.kube.validate(); err != nil {
+		return serveConfig{}, err
+	}
+	if cfg.provider == kubernetes.Name {
+		if err := cfg.kube.check(); err != nil {
+			return serveConfig{}, err
+		}
 	}
 	if cfg.token != "" {
 		if err := validToken(cfg.token); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/tai42/sandbox/ledger"
 	"github.com/tai42/sandbox/provider/container"
 	"github.com/tai42/sandbox/provider/host"
+	"github.com/tai42/sandbox/provider/kubernetes"
 )
 
 // cliReapInterval is the reaper cadence of the CLI's sandbox: a session
@@ -44,6 +45,8 @@ type providerConfig struct {
 	// images are the container provider's pull policy, registries and
 	// image size bound; the zero value is its defaults.
 	images imageConfig
+	// kube are the kubernetes provider's settings.
+	kube kubeConfig
 	// logger receives the provider's lifecycle events; nil discards them.
 	logger *slog.Logger
 	// durable makes the provider keep its sessions in a durable ledger,
@@ -80,8 +83,9 @@ type embeddedProvider struct {
 }
 
 // embeddedProviders lists the providers the CLI can run on, by name. Each
-// registers itself (host.Register, container.Register) to be opened on its
-// first Require, its durable ledger opened then.
+// registers itself (host.Register, container.Register,
+// kubernetes.Register) to be opened on its first Require, its durable
+// ledger opened then.
 var embeddedProviders = []embeddedProvider{
 	{name: host.Name, register: func(reg *sandbox.Registry, c providerConfig) error {
 		return host.Register(reg, func() (host.Options, error) {
@@ -95,6 +99,23 @@ var embeddedProviders = []embeddedProvider{
 			return c.containerOptions(l), err
 		})
 	}},
+	{name: kubernetes.Name, register: func(reg *sandbox.Registry, c providerConfig) error {
+		return kubernetes.Register(reg, c.kubernetesOptions)
+	}},
+}
+
+// kubernetesOptions are the kubernetes provider's options. Its ledger is
+// the apiserver (the provider's own, shared by every daemon of the
+// namespace), never one in the state directory: durable or not, the kit
+// gets none from here.
+func (c providerConfig) kubernetesOptions() (kubernetes.Options, error) {
+	if err := c.kube.check(); err != nil {
+		return kubernetes.Options{}, usagef(err)
+	}
+	o := c.kube.options()
+	o.Options = c.kitOptions(nil)
+	o.ProviderOptions = c.providerOptions()
+	return o, nil
 }
 
 // containerOptions are the container provider's options, on ledger l.

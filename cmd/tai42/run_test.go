@@ -303,7 +303,7 @@ func TestPersistentAcrossRuns(t *testing.T) {
 func TestUnknownProvider(t *testing.T) {
 	r := runIn(t, t.TempDir(), nil, "--provider", "docker", "--", "true")
 	r.want(t, 2)
-	if !strings.Contains(r.stderr, `"docker"`) || !strings.Contains(r.stderr, "registered: host, container") {
+	if !strings.Contains(r.stderr, `"docker"`) || !strings.Contains(r.stderr, "registered: host, container, kubernetes") {
 		t.Errorf("stderr %q", r.stderr)
 	}
 }

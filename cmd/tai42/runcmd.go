@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 
+	"github.com/tai42/sandbox/provider/kubernetes"
+
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -40,6 +42,12 @@ said. --pull, --registry-mirror, --insecure-registry and --max-image-size
 are also $TAI42_PULL, $TAI42_REGISTRY_MIRROR, $TAI42_INSECURE_REGISTRY and
 $TAI42_MAX_IMAGE_SIZE, and keys of the config file $TAI42_CONFIG names, as
 for "tai42 serve"; the host provider pulls nothing (they have no effect).
+
+On the kubernetes provider (--provider kubernetes) the session is a Pod
+of the cluster --kubeconfig (else $KUBECONFIG, else the in-cluster
+config) reaches, in --namespace, its agent copied from --agent-image
+(required; "tai42 agent-image push REF" pushes this build's); the
+kubernetes flags are also variables and config keys, as for "tai42 serve".
 
 Exit codes: CMD's own; 124 when CMD exceeded --timeout (the partial output's
 lengths are printed); 2 for a usage error (a malformed --user among them),
@@ -79,6 +87,14 @@ unknown user among them); 128+N when tai42 got signal N (130 for SIGINT,
 				if p.images, err = resolveImageSettings(cmd.Flags(), &f.images, c.lookupEnv); err != nil {
 					return &exitError{code: exitUsage, err: err}
 				}
+				if p.kube, err = resolveKubeSettings(cmd.Flags(), &f.kube, c.lookupEnv); err != nil {
+					return &exitError{code: exitUsage, err: err}
+				}
+				if p.provider == kubernetes.Name {
+					if err := p.kube.check(); err != nil {
+						return &exitError{code: exitUsage, err: err}
+					}
+				}
 			}
 			if code := c.runPlan(p, rem); code != exitOK {
 				return &exitError{code: code}
@@ -99,12 +115,13 @@ unknown user among them); 128+N when tai42 got signal N (130 for SIGINT,
 	if v, ok := c.lookupEnv(providerEnv); ok && v != "" {
 		provider = v
 	}
-	fl.StringVar(&f.provider, "provider", provider, "sandbox provider to run on: container or host (embedded only; default: $"+providerEnv+", else container where runc or crun is installed and tai42 runs as root, else host)")
+	fl.StringVar(&f.provider, "provider", provider, "sandbox provider to run on: container, host or kubernetes (embedded only; default: $"+providerEnv+", else container where runc or crun is installed and tai42 runs as root, else host)")
 	fl.StringVar(&f.stateDir, "state-dir", "", "state directory (embedded only; default: $"+stateDirEnv+", else $XDG_STATE_HOME/tai42, else ~/.local/state/tai42)")
 	fl.StringVar(&f.policyEgress, "policy-egress", string(defaultPolicy.Egress), "policy: the loosest network a session may have (none, internal, egress; embedded only)")
 	fl.StringVar(&f.policyIsolation, "policy-isolation", string(defaultPolicy.Isolation), "policy: the weakest isolation a session may have (none, container, vm; embedded only)")
 	fl.BoolVar(&f.policyDurable, "policy-durable", defaultPolicy.Durable, "policy: allow persistent sessions (--policy-durable=false forbids them; embedded only)")
 	addImageFlags(fl, &f.images)
+	addKubeFlags(fl, &f.kube)
 	addRemoteFlags(fl, &rf)
 	return cmd
 }
@@ -125,8 +142,8 @@ func addSessionFlags(fl *pflag.FlagSet, f *runFlags) {
 
 // embeddedOnlyFlags are the flags of "tai42 run" that shape the embedded
 // provider, not a session: a daemon has its own.
-var embeddedOnlyFlags = []string{"policy-egress", "policy-isolation", "policy-durable", "provider", "state-dir",
-	"pull", "registry-mirror", "insecure-registry", "max-image-size"}
+var embeddedOnlyFlags = append([]string{"policy-egress", "policy-isolation", "policy-durable", "provider", "state-dir",
+	"pull", "registry-mirror", "insecure-registry", "max-image-size"}, kubeFlagNames()...)
 
 // runRemote returns the daemon "tai42 run" uses, or nil for the embedded
 // provider. Given a daemon, a flag of embeddedOnlyFlags is a usage error:

@@ -19,6 +19,7 @@ import (
 	"github.com/tai42/sandbox/internal/flock"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
+	"github.com/tai42/sandbox/provider/kubernetes"
 	"github.com/tai42/sandbox/server"
 )
 
@@ -69,6 +70,17 @@ the file are relative to its directory. Unknown keys are an error.
   --max-image-size           TAI42_MAX_IMAGE_SIZE           [images] max_size
   --registry-mirror          TAI42_REGISTRY_MIRROR          [registry] mirrors
   --insecure-registry        TAI42_INSECURE_REGISTRY        [registry] insecure
+  --kubeconfig               TAI42_KUBECONFIG               [kubernetes] kubeconfig
+  --namespace                TAI42_NAMESPACE                [kubernetes] namespace
+  --agent-image              TAI42_AGENT_IMAGE              [kubernetes] agent_image
+  --pod-user                 TAI42_POD_USER                 [kubernetes] pod_user
+  --runtime-class            TAI42_RUNTIME_CLASS            [kubernetes] runtime_class
+  --image-pull-secret        TAI42_IMAGE_PULL_SECRET        [kubernetes] image_pull_secrets
+  --storage-class            TAI42_STORAGE_CLASS            [kubernetes] storage_class
+  --create-timeout           TAI42_CREATE_TIMEOUT           [kubernetes] create_timeout
+  --network-probe-image      TAI42_NETWORK_PROBE_IMAGE      [kubernetes] network_probe_image
+  --trust-network-policy     TAI42_TRUST_NETWORK_POLICY     [kubernetes] trust_network_policy
+  --workspace-size           TAI42_WORKSPACE_SIZE           [kubernetes] workspace_size
 
 Images: a create whose image the container provider's store lacks pulls
 it first (--pull missing, the default; always pulls on every create, never
@@ -81,6 +93,16 @@ tried first for Docker Hub's images. The host provider pulls nothing: the
 image settings then have no effect (a warning says so). List values
 (mirrors, insecure registries, the egress lists) are comma-separated in a
 variable.
+
+Kubernetes: --provider kubernetes serves sessions as Pods of a cluster
+(--kubeconfig, else $KUBECONFIG, else the in-cluster config of the Pod
+tai42 runs in; --namespace). It needs --agent-image, the image every
+session Pod's init container copies the agent from: "tai42 agent-image
+push REF" pushes this build's. Its ledger is the apiserver, not the state
+directory: several daemons may serve one namespace, each serving every
+session in it, one of them reaping (a Lease); a daemon killed loses none.
+The cluster pulls the sessions' images (--image-pull-secret): the image
+settings above have no effect on it.
 
 Durations are Go durations ("90s", "5m"). An example config file with every
 key is cmd/tai42/example/tai42.toml in the source tree.
@@ -179,6 +201,7 @@ func (c *cli) serve(cfg serveConfig) error {
 		egress:         cfg.egress,
 		disk:           cfg.disk,
 		images:         cfg.images,
+		kube:           cfg.kube,
 		logger:         log,
 		durable:        true,
 	})
@@ -209,6 +232,12 @@ func (c *cli) serve(cfg serveConfig) error {
 		if len(cfg.images.given) > 0 {
 			log.Warn("the host runner pulls no images (its one image is \"host\"): the image settings have no effect", "settings", strings.Join(cfg.images.given, ", "))
 		}
+	}
+	if cfg.provider == kubernetes.Name && len(cfg.images.given) > 0 {
+		log.Warn("the kubernetes provider's images are pulled by the cluster (its nodes' registry settings, and --image-pull-secret): the image settings have no effect", "settings", strings.Join(cfg.images.given, ", "))
+	}
+	if cfg.provider != kubernetes.Name && len(cfg.kube.given) > 0 {
+		log.Warn("the kubernetes settings have no effect on provider "+cfg.provider, "settings", strings.Join(cfg.kube.given, ", "))
 	}
 	if len(token) < minTokenLen {
 		log.Warn("the token is short: anyone who can reach the daemon may guess it; use 32 random bytes (the generated token) or more", "length", len(token))
@@ -282,14 +311,23 @@ func listenAddr(ln net.Listener) string {
 // rather than serve without them: fences or a disk cap the operator asked
 // for on the host runner.
 func checkEnforceable(cfg serveConfig) error {
-	if cfg.provider != host.Name {
-		return nil
-	}
-	if cfg.egress.given() {
-		return errors.New("the host runner cannot fence egress (isolation none shares the host's network): --egress-allow, --egress-deny, --egress-allow-domain and --egress-dns need --provider container")
-	}
-	if cfg.disk.explicit && cfg.disk.mb > 0 {
-		return errors.New("the host runner cannot cap a session's disk: --disk-mb needs --provider container (--disk-mb 0 says no cap)")
+	switch cfg.provider {
+	case host.Name:
+		if cfg.egress.given() {
+			return errors.New("the host runner cannot fence egress (isolation none shares the host's network): --egress-allow, --egress-deny, --egress-allow-domain and --egress-dns need --provider container")
+		}
+		if cfg.disk.explicit && cfg.disk.mb > 0 {
+			return errors.New("the host runner cannot cap a session's disk: --disk-mb needs --provider container (--disk-mb 0 says no cap)")
+		}
+	case kubernetes.Name:
+		// Its egress tier is a NetworkPolicy (the internet without private
+		// ranges and metadata): the operator's own fences are not in it.
+		if cfg.egress.given() {
+			return errors.New("the kubernetes provider's egress is a NetworkPolicy of its own (the internet without private ranges and the metadata address), not the container provider's fences: --egress-allow, --egress-deny, --egress-allow-domain and --egress-dns need --provider container")
+		}
+		if cfg.disk.explicit && cfg.disk.mb > 0 {
+			return errors.New("the kubernetes provider does not cap a session's disk (the cluster's ephemeral-storage limits do): --disk-mb needs --provider container (--disk-mb 0 says no cap)")
+		}
 	}
 	return nil
 }

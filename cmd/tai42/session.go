@@ -13,6 +13,7 @@ import (
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
+	"github.com/tai42/sandbox/provider/kubernetes"
 )
 
 // cleanupTimeout bounds the teardown (kill, destroy, close) of one run.
@@ -55,7 +56,10 @@ func (c *cli) runPlan(p plan, rem *remote) int {
 	if p.provider == host.Name && len(p.imageFlags) > 0 {
 		c.warn(fmt.Errorf("the host runner pulls no images (its one image is %q): %s have no effect", sandbox.HostImage, strings.Join(p.imageFlags, ", ")))
 	}
-	sb, closeSB, err := openProvider(p.provider, providerConfig{stateDir: stateDir, policy: p.policy, reapInterval: cliReapInterval, images: p.images})
+	if p.provider == kubernetes.Name && len(p.imageFlags) > 0 {
+		c.warn(fmt.Errorf("the kubernetes provider's images are pulled by the cluster: %s have no effect", strings.Join(p.imageFlags, ", ")))
+	}
+	sb, closeSB, err := openProvider(p.provider, providerConfig{stateDir: stateDir, policy: p.policy, reapInterval: cliReapInterval, images: p.images, kube: p.kube})
 	if err != nil {
 		return c.fail(err)
 	}

@@ -35,6 +35,7 @@ type runFlags struct {
 	policyDurable   bool
 
 	images imageFlags // the embedded container provider's pulls
+	kube   kubeFlags  // the embedded kubernetes provider's settings
 }
 
 // Defaults of "tai42 run".
@@ -73,6 +74,7 @@ type plan struct {
 	stateDir string
 	noStdin  bool
 	images   imageConfig // the embedded provider's; unused on a daemon
+	kube     kubeConfig  // the embedded kubernetes provider's; unused on a daemon
 	// imageFlags are the image flags the command line gave (for the host
 	// runner's warning: settings from the environment or the config file,
 	// meant for the container provider, are ignored quietly).
