@@ -5,12 +5,14 @@
 #   make lint             go vet, then golangci-lint (.golangci.yml) at zero findings
 #   make test             lint, then every Go test under -race, then the Python half
 #   make crash            the crash test's quick mode (5 rounds per provider)
-#   make ci               test, then crash: what .ci/run runs after its installs
+#   make kube-daemons     the two-daemon test on the kubetest cluster (as root, about 5 minutes)
+#   make ci               test, crash, then kube-daemons: what .ci/run runs after its installs
 #   make bench-run        the host runner's benchmarks (bench/run.sh, about 2.5 minutes)
 #   make bench-api        the daemon API's benchmarks (bench/api.sh, about 2 minutes)
 #   make bench-container  the container provider's (bench/container.sh, as root, about 10 minutes)
 #   make bench-python     the Python SDK's (bench/python.sh, after python/test.sh; about 40 s)
 #   make bench-pull       image pulls from a loopback registry vs skopeo+umoci and docker (bench/pull.sh, as root, about 5 minutes)
+#   make bench-kubernetes the kubernetes provider's on the harness cluster, vs kubectl and the container provider (bench/kubernetes.sh, as root; the cluster's first build about 6 minutes)
 #   make fmt              gofmt -w on the tree
 #
 # Namespaces, mounts and cgroups need root: as another user the tests that
@@ -26,7 +28,7 @@ GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lin
 # the tests and the crash test share the machine's namespaces and cores.
 .NOTPARALLEL:
 
-.PHONY: build lint test test-go test-python crash ci bench-run bench-api bench-container bench-python bench-pull fmt
+.PHONY: build lint test test-go test-python crash kube-daemons ci bench-run bench-api bench-container bench-python bench-pull bench-kubernetes fmt
 
 build:
 	$(GO) build -o tai42 ./cmd/tai42
@@ -57,7 +59,13 @@ test-python:
 crash:
 	$(GO) test -race -tags crash -count=1 -timeout 15m -run TestCrash ./cmd/tai42/
 
-ci: test crash
+# Two "tai42 serve --provider kubernetes" on one namespace of the kubetest
+# cluster (cmd/tai42/kube_daemons_test.go; opt-in, since it starts a
+# cluster of its own after the provider's tests have had theirs).
+kube-daemons:
+	TAI42_KUBETEST=1 $(GO) test -race -count=1 -timeout 30m -run TestKubeDaemons ./cmd/tai42/
+
+ci: test crash kube-daemons
 
 bench-run:
 	bash bench/run.sh
@@ -73,6 +81,9 @@ bench-python:
 
 bench-pull:
 	bash bench/pull.sh
+
+bench-kubernetes:
+	bash bench/kubernetes.sh
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
