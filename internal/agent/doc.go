@@ -10,8 +10,9 @@
 // # Protocol, versions 1 and 2 (normative)
 //
 // The protocol runs over reliable, ordered byte streams ("connections"): a
-// unix socket for containers, later a multiplexed serial port or exec
-// stream. The client opens a connection of its own for each operation, so
+// unix socket for containers, a TCP connection through a Kubernetes
+// port-forward, or a stream of a multiplexed connection (op "mux" below).
+// The client opens a connection of its own for each operation, so
 // every operation gets the transport's flow control for itself. Nothing is
 // shared between connections except an interactive exec's id.
 //
@@ -47,7 +48,7 @@
 //
 // Request. The first frame of a connection is a request:
 //
-//	{"v": 1, "op": "ping"|"exec"|"attach"|"put"|"get", ...}
+//	{"v": 1, "op": "ping"|"exec"|"attach"|"put"|"get"|"mux", ...}
 //
 // "v" is the protocol version the request is written in. Version 2 is
 // version 1 with an exec's "user"; a client writes an exec with a user in
@@ -78,6 +79,14 @@
 //
 // ping: the reply is {"v": n}, n the request's version: the agent is
 // ready and speaks it. A client pings in version 1.
+//
+// mux (version 1): the reply is {"v": 1}; after it the connection carries
+// a yamux session (github.com/hashicorp/yamux's spec), the client its
+// client end, and every stream the client opens on it is a connection of
+// this protocol. The session ends with the connection; every stream on it
+// then fails. An agent that predates the op answers an error of kind
+// "protocol" ("unknown operation"), and the client opens a connection per
+// operation instead.
 //
 // exec: the request carries
 //

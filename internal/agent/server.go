@@ -289,6 +289,8 @@ func (s *server) handle(nc net.Conn) {
 		s.handlePut(c, &req)
 	case "get":
 		s.handleGet(c, &req)
+	case "mux":
+		s.handleMux(nc, c, &req)
 	default:
 		s.protocolFailure(c, fmt.Sprintf("unknown operation %q", req.Op))
 	}
