@@ -1,8 +1,8 @@
 // Package kubernetes is the kubernetes provider: each session is one Pod
 // whose PID 1 is the tai42 agent (the container provider's agent and
 // protocol), reached through the apiserver over one long-lived SPDY
-// port-forward connection per session, one stream pair per agent
-// operation.
+// port-forward connection per session and one stream pair on it, which
+// the agent multiplexes (op "mux"): a yamux stream per agent operation.
 //
 // The agent binary comes from the operator's agent image: an init
 // container copies its /tai42 into an emptyDir mounted read-only at
@@ -18,8 +18,9 @@
 // the Pod or its annotations.
 //
 // The ledger is the apiserver: the Pod's labels and annotations hold the
-// session's record (see names.go). A create watches its Pod until it runs
-// and fails at once, with the Pod's own events as the reason, when the Pod
+// session's record (see names.go). A create watches its Pod until its
+// agent answers (dialled from the moment the Pod's status says it is
+// initialized, before it says Running) and fails at once, with the Pod's own events as the reason, when the Pod
 // cannot be scheduled, its image cannot be pulled, its containers cannot
 // be created or end; it deletes what it made.
 package kubernetes

@@ -25,22 +25,26 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/streaming/pkg/httpstream"
 	httpstreamspdy "k8s.io/streaming/pkg/httpstream/spdy"
+
+	"github.com/tai42/sandbox/internal/agent"
 )
 
 // The transport to a session's agent: the apiserver's port-forward to the
 // Pod (the agent listens on the Pod's own loopback, AgentPort), over ONE
-// long-lived SPDY connection per Pod; every agent connection is a pair of
-// SPDY streams on it (the error stream and the data stream of one
-// port-forward request), so SPDY does the multiplexing and an agent
-// operation costs no new TCP or TLS handshake, no new HTTP request.
+// long-lived SPDY connection per Pod, and on it ONE stream pair (the error
+// and the data stream of one port-forward request: one TCP connection to
+// the agent in the Pod) that the agent multiplexes (its op "mux", yamux):
+// every agent connection is a yamux stream on it, opened without a round
+// trip. A new stream pair per agent connection would cost two SPDY stream
+// creations through the apiserver, the kubelet and the runtime, and a TCP
+// connection the runtime makes in the Pod, for every exec and file. An
+// agent that cannot multiplex (an older tai42's) gets a stream pair per
+// connection.
 //
-// Why port-forward rather than one long-lived exec running a relay with a
-// multiplexer of our own: port-forward needs nothing in the session's
-// image or in the Pod but the agent itself, reaches it without a process
-// of its own, and its streams are created with one round trip each
-// (concurrently: see Dial); an exec relay would add yamux framing and a
-// relay process that must survive everything the session does to its own
-// processes.
+// Why port-forward rather than one long-lived exec running a relay: port-
+// forward needs nothing in the session's image or in the Pod but the agent
+// itself, and reaches it without a process of its own, which would have to
+// survive everything the session does to its processes.
 
 const (
 	// portForwardProtocol is the port-forward subprotocol
@@ -116,8 +120,9 @@ type tunnel struct {
 
 	// dialTimeout bounds a Dial (a variable for tests).
 	dialTimeout time.Duration
-	// noSpare turns the spare stream pair off (benchmarks compare).
-	noSpare bool
+	// noMux dials a stream pair per connection, as for an agent that
+	// cannot multiplex (benchmarks compare).
+	noMux bool
 
 	nextID atomic.Uint64
 
@@ -127,16 +132,24 @@ type tunnel struct {
 	connecting chan struct{}         // non-nil while a connect runs; closed at its end
 	connErr    error                 // the last connect's error, for its waiters
 	closed     bool
-	spare      *tunnelConn   // a stream pair opened ahead, for the next Dial
-	refilling  bool          // a spare is being opened
 	stop       chan struct{} // closed by Close
 	wg         sync.WaitGroup
+
+	// The multiplexed agent connection, on the SPDY connection muxOn.
+	// muxLock (a token) is held while one is opened, so that concurrent
+	// Dials open one; a Dial can give up waiting for it.
+	muxLock chan struct{}
+	mux     *agent.Mux
+	muxOn   httpstream.Connection
+	carrier *tunnelConn // the stream pair mux runs on
+	plain   bool        // the agent cannot multiplex: a stream pair per Dial
 }
 
 // newTunnel makes the tunnel to port of Pod ns/pod; it connects on the
 // first Dial.
 func newTunnel(cfg *rest.Config, ns, pod string, port int) *tunnel {
-	t := &tunnel{cfg: cfg, ns: ns, pod: pod, port: port, dialTimeout: defaultDialTimeout, stop: make(chan struct{})}
+	t := &tunnel{cfg: cfg, ns: ns, pod: pod, port: port, dialTimeout: defaultDialTimeout,
+		stop: make(chan struct{}), muxLock: make(chan struct{}, 1)}
 	t.host = apiserverHost(cfg.Host)
 	if base, err := apiserverURL(cfg.Host); err == nil {
 		u := *base
@@ -192,92 +205,170 @@ func (t *tunnel) Close() error {
 			t.conn, t.raw = nil, nil
 		}
 	}
-	spare := t.spare
-	t.spare = nil
+	m := t.mux
+	t.mux, t.muxOn, t.carrier = nil, nil, nil
 	t.mu.Unlock()
-	if spare != nil {
-		spare.Close()
+	if m != nil {
+		m.Close()
 	}
 	t.wg.Wait()
 	return nil
 }
 
-// Dial opens a new connection to the agent: a new stream pair on the
-// tunnel's SPDY connection, which it opens first if there is none (the
-// first Dial, or the last connection closed). It waits at most until ctx
-// is done or the tunnel's dial timeout passed. Errors are *TunnelError.
-//
-// A spare stream pair is kept ready (opened in the background after each
-// Dial): the agent never speaks first and has no idle timeout, so a Dial
-// that finds a healthy spare on the live connection returns it without
-// waiting for the stream pair's round trips through the apiserver, the
-// kubelet and the runtime (which dials the agent in the Pod only once
-// both streams are there).
+// Dial opens a new connection to the agent: a new stream on the tunnel's
+// multiplexed agent connection, which it opens first if there is none (the
+// first Dial, or the last one failed), and with it the SPDY connection. It
+// waits at most until ctx is done or the tunnel's dial timeout passed.
+// Errors are *TunnelError.
 func (t *tunnel) Dial(ctx context.Context) (net.Conn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, t.errorf("dialing", context.Cause(ctx))
 	}
 	ctx, cancel := context.WithTimeout(ctx, t.dialTimeout)
 	defer cancel()
-	c, err := t.connection(ctx)
-	if err != nil {
-		return nil, err
+	for retried := false; ; retried = true {
+		c, err := t.connection(ctx)
+		if err != nil {
+			return nil, err
+		}
+		t.mu.Lock()
+		plain := t.plain || t.noMux
+		t.mu.Unlock()
+		if plain {
+			return t.dialPair(ctx, c)
+		}
+		m, carrier, err := t.muxFor(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		if m == nil { // the agent cannot multiplex
+			return t.dialPair(ctx, c)
+		}
+		st, err := m.Dial(ctx)
+		if err == nil {
+			return &muxConn{Conn: st, t: t, m: m, carrier: carrier}, nil
+		}
+		// The session failed since it was opened (its connection lost):
+		// open a new one, once.
+		t.forgetMux(m)
+		if retried {
+			return nil, t.errorf("opening a stream", err)
+		}
 	}
-	if tc := t.takeSpare(c); tc != nil {
-		t.refill(c)
-		return tc, nil
-	}
-	tc, err := t.dialPair(ctx, c)
-	if err != nil {
-		return nil, err
-	}
-	t.refill(c)
-	return tc, nil
 }
 
-// takeSpare returns the spare if it is on c and healthy, else nil.
-func (t *tunnel) takeSpare(c httpstream.Connection) *tunnelConn {
+// muxFor returns the multiplexed agent connection on c, opening it if
+// there is none there: a stream pair, and the agent's op "mux" on it. It
+// returns a nil Mux once the agent answered that it cannot multiplex.
+func (t *tunnel) muxFor(ctx context.Context, c httpstream.Connection) (*agent.Mux, *tunnelConn, error) {
+	select {
+	case t.muxLock <- struct{}{}:
+	case <-ctx.Done():
+		return nil, nil, t.errorf("opening a stream", fmt.Errorf("no stream within the dial's bound: %w", context.Cause(ctx)))
+	}
+	defer func() { <-t.muxLock }()
 	t.mu.Lock()
-	tc := t.spare
-	t.spare = nil
+	if t.closed {
+		t.mu.Unlock()
+		return nil, nil, t.errorf("dialing", errors.New("the tunnel is closed"))
+	}
+	if t.plain {
+		t.mu.Unlock()
+		return nil, nil, nil
+	}
+	if m := t.mux; m != nil && t.muxOn == c && !pfIsClosed(m.Done()) {
+		carrier := t.carrier
+		t.mu.Unlock()
+		return m, carrier, nil
+	}
+	old := t.mux
+	t.mux, t.muxOn, t.carrier = nil, nil, nil
 	t.mu.Unlock()
-	if tc == nil {
-		return nil
+	if old != nil {
+		old.Close()
 	}
-	if tc.c != c || !tc.healthy() {
-		tc.Close()
-		return nil
+	carrier, err := t.dialPair(ctx, c)
+	if err != nil {
+		return nil, nil, err
 	}
-	return tc
-}
-
-// refill opens a new spare on c in the background, unless one is there or
-// on its way.
-func (t *tunnel) refill(c httpstream.Connection) {
+	m, err := agent.OpenMux(ctx, carrier)
+	if errors.Is(err, agent.ErrMuxUnsupported) {
+		t.mu.Lock()
+		t.plain = true
+		t.mu.Unlock()
+		return nil, nil, nil
+	}
+	if err != nil {
+		// The carrier's own failure (the forward refused, the connection
+		// lost) says more than the exchange's.
+		if cerr := carrier.err(); cerr != nil {
+			err = cerr
+		}
+		var te *TunnelError
+		if !errors.As(err, &te) {
+			err = t.errorf("forwarding", err)
+		}
+		return nil, nil, err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed || t.refilling || t.spare != nil || t.noSpare {
-		return
+	if t.closed {
+		m.Close()
+		return nil, nil, t.errorf("dialing", errors.New("the tunnel is closed"))
 	}
-	t.refilling = true
-	t.wg.Add(1)
-	go func() {
-		defer t.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), t.dialTimeout)
-		defer cancel()
-		tc, err := t.dialPair(ctx, c)
-		t.mu.Lock()
-		t.refilling = false
-		keep := err == nil && !t.closed && t.spare == nil
-		if keep {
-			t.spare = tc
-		}
-		t.mu.Unlock()
-		if err == nil && !keep {
-			tc.Close()
-		}
-	}()
+	t.mux, t.muxOn, t.carrier = m, c, carrier
+	return m, carrier, nil
 }
+
+// forgetMux closes m and forgets it if it is the tunnel's.
+func (t *tunnel) forgetMux(m *agent.Mux) {
+	t.mu.Lock()
+	if t.mux == m {
+		t.mux, t.muxOn, t.carrier = nil, nil, nil
+	}
+	t.mu.Unlock()
+	m.Close()
+}
+
+// muxConn is one agent connection on the multiplexed one: a yamux
+// stream, whose errors, once the multiplexed connection failed, say why
+// as the transport does (a *TunnelError), and whose deadline errors are
+// os.ErrDeadlineExceeded, as net.Conn's contract has them.
+type muxConn struct {
+	net.Conn
+	t       *tunnel
+	m       *agent.Mux
+	carrier *tunnelConn
+}
+
+func (c *muxConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	return n, c.why(err)
+}
+
+func (c *muxConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	return n, c.why(err)
+}
+
+func (c *muxConn) why(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return os.ErrDeadlineExceeded
+	}
+	if !pfIsClosed(c.m.Done()) {
+		return err // the stream's own end (io.EOF: the agent closed it)
+	}
+	if cerr := c.carrier.err(); cerr != nil {
+		return cerr
+	}
+	return c.t.errorf("the connection to the agent was lost", err)
+}
+
+func (c *muxConn) RemoteAddr() net.Addr { return c.carrier.RemoteAddr() }
 
 // dialPair opens a stream pair on c: a new agent connection.
 func (t *tunnel) dialPair(ctx context.Context, c httpstream.Connection) (*tunnelConn, error) {
@@ -678,23 +769,14 @@ type tunnelConn struct {
 	rd, wd    *pfDeadline
 }
 
-// healthy: nothing arrived on the conn (the agent never speaks first),
-// it did not end, and its connection is up; a spare that is not healthy
-// is dropped.
-func (tc *tunnelConn) healthy() bool {
+// err is why the conn's data stream ended, once it did (nil before).
+func (tc *tunnelConn) err() error {
 	tc.mu.Lock()
-	ok := tc.readErr == nil && tc.buffered == 0
-	tc.mu.Unlock()
-	return ok && !pfIsClosed(tc.closed) && !pfIsClosed(tc.errDone) && !pfBoolClosed(tc.c.CloseChan())
-}
-
-func pfBoolClosed(ch <-chan bool) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
+	defer tc.mu.Unlock()
+	if tc.readErr == io.EOF {
+		return nil
 	}
+	return tc.readErr
 }
 
 // readErrors reads the error stream to its end: the server writes there
@@ -945,7 +1027,7 @@ func (d *pfDeadline) stop() {
 	d.cancel()
 }
 
-func pfIsClosed(ch chan struct{}) bool {
+func pfIsClosed(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
 		return true

@@ -63,14 +63,15 @@ func pfBenchRoundTrips(b *testing.B, tun *tunnel, dir string) {
 	pfRoundTrips(b, "exec", b.N, func() error { return pfExecTrue(ctx, cl, dir) })
 	b.StopTimer()
 	pfRoundTrips(b, "ping", 100, func() error { return cl.Ping(ctx) })
-	// Without the spare stream pair: each operation waits for its own.
+	// Without the multiplexed connection: each operation waits for a
+	// stream pair of its own.
 	tun.mu.Lock()
-	tun.noSpare = true
+	tun.noMux = true
 	tun.mu.Unlock()
-	pfRoundTrips(b, "exec-nospare", 100, func() error { return pfExecTrue(ctx, cl, dir) })
-	pfRoundTrips(b, "ping-nospare", 100, func() error { return cl.Ping(ctx) })
+	pfRoundTrips(b, "exec-nomux", 100, func() error { return pfExecTrue(ctx, cl, dir) })
+	pfRoundTrips(b, "ping-nomux", 100, func() error { return cl.Ping(ctx) })
 	tun.mu.Lock()
-	tun.noSpare = false
+	tun.noMux = false
 	tun.mu.Unlock()
 	pfRoundTrips(b, "dial", 100, func() error {
 		c, err := tun.Dial(ctx)
