@@ -22,9 +22,9 @@ import (
 // Timing is how long the phases of one create took (logged at the
 // create's end; zero for an adopted session).
 type Timing struct {
-	PodCreated time.Duration // the Pod (and Secret) accepted by the apiserver
-	Running    time.Duration // the Pod Running, its session container started
-	AgentReady time.Duration // the agent answered a ping through the tunnel
+	PodCreated  time.Duration // the Pod (and Secret) accepted by the apiserver
+	Initialized time.Duration // the Pod's status said its agent was copied: the dialling began
+	AgentReady  time.Duration // the agent answered a ping through the tunnel
 }
 
 // Create makes session req.ID: its workspace claim (persistent), its Pod,
@@ -105,12 +105,14 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 		return nil, unwrapStep(err)
 	}
 	r.timing.PodCreated = time.Since(start)
-	if err := p.waitRunning(ctx, pod); err != nil {
-		return nil, err
-	}
-	r.timing.Running = time.Since(start)
 	stack.Push("open the tunnel", r.closeTunnel)
-	if err := r.connect(ctx); err != nil {
+	dial := &agentDial{connect: r.connect}
+	err = p.waitRunning(ctx, pod, dial)
+	dial.end()
+	if !dial.begun.IsZero() {
+		r.timing.Initialized = dial.begun.Sub(start)
+	}
+	if err != nil {
 		return nil, err
 	}
 	r.timing.AgentReady = time.Since(start)
@@ -129,7 +131,7 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 	}
 	r.teardown.Push("open the tunnel", r.closeTunnel)
 	p.log.Info("session pod ready", "id", req.ID, "pod", r.pod,
-		"pod_created", r.timing.PodCreated, "running", r.timing.Running, "agent_ready", r.timing.AgentReady)
+		"pod_created", r.timing.PodCreated, "initialized", r.timing.Initialized, "agent_ready", r.timing.AgentReady)
 	return r, nil
 }
 
@@ -292,12 +294,66 @@ func podStuck(pod *corev1.Pod) bool {
 	return false
 }
 
-// waitRunning watches pod until it runs its session container, fails, or
-// ctx (the create's deadline) ends. A failure is the create's error, with
-// the Pod's events quoted.
-func (p *provider) waitRunning(ctx context.Context, pod *corev1.Pod) error {
-	if podRunning(pod) {
-		return nil
+// agentDial is a create's connect to its agent, run beside the watch of
+// its Pod. The Pod's status says its session container runs only at the
+// kubelet's next relist of the runtime's containers (up to a second after
+// the relist that saw the init container end and started the session's
+// container), so the dialling begins as soon as the status says the Pod is
+// initialized: the agent answers a moment after its container starts,
+// mostly before the status says it runs.
+type agentDial struct {
+	connect func(context.Context) error // the session's connect
+	begun   time.Time                   // when begin started it
+	cancel  context.CancelFunc
+	done    chan error // nil until begun; connect's result
+	ended   bool       // done's result was taken
+}
+
+// begin starts connect, once, bounded by ctx.
+func (d *agentDial) begin(ctx context.Context) {
+	if d.done != nil {
+		return
+	}
+	d.begun = time.Now()
+	ctx, d.cancel = context.WithCancel(ctx)
+	d.done = make(chan error, 1)
+	go func() { d.done <- d.connect(ctx) }()
+}
+
+// result is connect's result once it is there (nil channel until begun).
+func (d *agentDial) result() <-chan error { return d.done }
+
+// taken notes that the caller received connect's result.
+func (d *agentDial) taken() { d.ended = true }
+
+// end stops a connect still running and waits for it: r.tun is connect's
+// until it returns.
+func (d *agentDial) end() {
+	if d.done == nil || d.ended {
+		return
+	}
+	d.cancel()
+	<-d.done
+	d.ended = true
+}
+
+// podInitialized reports whether pod's init container (the agent's copy)
+// is done.
+func podInitialized(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodInitialized {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// waitRunning watches pod until its agent answers (dial, begun once the
+// Pod is initialized), the Pod fails, or ctx (the create's deadline)
+// ends. A failure is the create's error, with the Pod's events quoted.
+func (p *provider) waitRunning(ctx context.Context, pod *corev1.Pod, dial *agentDial) error {
+	if podInitialized(pod) || podRunning(pod) {
+		dial.begin(ctx)
 	}
 	w, err := p.cs.CoreV1().Pods(p.ns).Watch(ctx, metav1.ListOptions{
 		FieldSelector:   fields.OneTermEqualSelector("metadata.name", pod.Name).String(),
@@ -310,6 +366,9 @@ func (p *provider) waitRunning(ctx context.Context, pod *corev1.Pod) error {
 	cur := pod
 	for {
 		select {
+		case err := <-dial.result():
+			dial.taken()
+			return err
 		case ev, ok := <-w.ResultChan():
 			if !ok {
 				if ctx.Err() != nil {
@@ -321,7 +380,7 @@ func (p *provider) waitRunning(ctx context.Context, pod *corev1.Pod) error {
 				if err != nil {
 					return p.createFailed(cur, p.apiError("create_session", "lost the watch of the session's Pod", err))
 				}
-				return p.waitRunning(ctx, got)
+				return p.waitRunning(ctx, got, dial)
 			}
 			switch ev.Type {
 			case watch.Deleted:
@@ -334,11 +393,11 @@ func (p *provider) waitRunning(ctx context.Context, pod *corev1.Pod) error {
 				continue
 			}
 			cur = got
-			if podRunning(cur) {
-				return nil
-			}
 			if err := p.podFailure(cur); err != nil {
 				return p.createFailed(cur, err)
+			}
+			if podInitialized(cur) || podRunning(cur) {
+				dial.begin(ctx)
 			}
 		case <-ctx.Done():
 			return p.createFailed(cur, fmt.Errorf("the pod was not running within %s (%s)", p.opts.CreateTimeout, podSummary(cur)))

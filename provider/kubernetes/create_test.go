@@ -16,9 +16,10 @@ import (
 	"github.com/tai42/sandbox"
 )
 
-// waitWith runs waitRunning on a fake cluster's Pod while update changes
-// its status, and returns waitRunning's result.
-func waitWith(t *testing.T, timeout time.Duration, update func(*corev1.Pod)) error {
+// waitWith runs waitRunning on a fake cluster's Pod, with connect as the
+// agent's dial, while updates change its status one after another, and
+// returns the dial (ended) and waitRunning's result.
+func waitWith(t *testing.T, timeout time.Duration, connect func(context.Context) error, updates ...func(*corev1.Pod)) (*agentDial, error) {
 	t.Helper()
 	cs := fake.NewClientset()
 	p := testProvider(Options{CreateTimeout: timeout})
@@ -34,52 +35,104 @@ func waitWith(t *testing.T, timeout time.Duration, update func(*corev1.Pod)) err
 	_, _ = cs.CoreV1().Events(p.ns).Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "e1", Namespace: p.ns},
 		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Name: pod.Name, UID: pod.UID},
 		Type:           "Warning", Reason: "Failed", Message: "Failed to pull image: not found"}, metav1.CreateOptions{})
+	dial := &agentDial{connect: connect}
 	done := make(chan error, 1)
-	go func() { done <- p.waitRunning(ctx, pod) }()
-	time.Sleep(50 * time.Millisecond) // the watch is set up
-	if update != nil {
+	go func() { err := p.waitRunning(ctx, pod, dial); dial.end(); done <- err }()
+	for _, update := range updates {
+		time.Sleep(50 * time.Millisecond) // the watch is set up; the last update seen
 		got := pod.DeepCopy()
 		update(got)
-		if _, err := cs.CoreV1().Pods(p.ns).UpdateStatus(ctx, got, metav1.UpdateOptions{}); err != nil {
+		if pod, err = cs.CoreV1().Pods(p.ns).UpdateStatus(ctx, got, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	select {
 	case err := <-done:
-		return err
+		return dial, err
 	case <-time.After(timeout + 5*time.Second):
 		t.Fatal("waitRunning did not return")
-		return nil
+		return nil, nil
 	}
 }
 
+// Status updates as the kubelet makes them.
+func initialized(pod *corev1.Pod) {
+	pod.Status.Conditions = append(pod.Status.Conditions, corev1.PodCondition{Type: corev1.PodInitialized, Status: corev1.ConditionTrue})
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: containerSession,
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "PodInitializing"}}}}
+}
+
+func running(pod *corev1.Pod) {
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: containerSession, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+}
+
 func TestWaitRunning(t *testing.T) {
-	err := waitWith(t, 10*time.Second, func(pod *corev1.Pod) {
-		pod.Status.Phase = corev1.PodRunning
-		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: containerSession, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
-	})
-	if err != nil {
-		t.Fatalf("running: %v", err)
-	}
+	answers := func(context.Context) error { return nil }
+	never := func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
 
-	start := time.Now()
-	err = waitWith(t, 10*time.Second, func(pod *corev1.Pod) {
-		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: containerSession, Image: "nope:1",
-			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: "Back-off pulling image"}}}}
+	t.Run("DialsOnceInitialized", func(t *testing.T) {
+		// The agent answers before the status says Running: the wait
+		// ends with the dial, the Pod still Pending.
+		var before time.Time
+		dial, err := waitWith(t, 10*time.Second, answers, func(pod *corev1.Pod) { before = time.Now(); initialized(pod) })
+		if err != nil {
+			t.Fatalf("initialized: %v", err)
+		}
+		if dial.begun.IsZero() || dial.begun.Before(before) {
+			t.Errorf("the dial began at %v, the Pod initialized at %v", dial.begun, before)
+		}
 	})
-	var sre *sandbox.SpecRejectedError
-	if !errors.As(err, &sre) || sre.Field != "image" || !strings.Contains(err.Error(), "Failed to pull image") {
-		t.Fatalf("pull failure: %v", err)
-	}
-	if time.Since(start) > 5*time.Second {
-		t.Errorf("did not fail fast: %s", time.Since(start))
-	}
-
-	err = waitWith(t, time.Second, nil)
-	var sbe *sandbox.SandboxError
-	if !errors.As(err, &sbe) || !strings.Contains(err.Error(), "not running within") {
-		t.Fatalf("timeout: %v", err)
-	}
+	t.Run("DialsOnceRunning", func(t *testing.T) {
+		if dial, err := waitWith(t, 10*time.Second, answers, running); err != nil || dial.begun.IsZero() {
+			t.Fatalf("running: %v (dial begun %v)", err, dial.begun)
+		}
+	})
+	t.Run("PullFailure", func(t *testing.T) {
+		start := time.Now()
+		dial, err := waitWith(t, 10*time.Second, answers, func(pod *corev1.Pod) {
+			pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: containerSession, Image: "nope:1",
+				State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: "Back-off pulling image"}}}}
+		})
+		var sre *sandbox.SpecRejectedError
+		if !errors.As(err, &sre) || sre.Field != "image" || !strings.Contains(err.Error(), "Failed to pull image") {
+			t.Fatalf("pull failure: %v", err)
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Errorf("did not fail fast: %s", time.Since(start))
+		}
+		if !dial.begun.IsZero() {
+			t.Error("dialled a Pod that never initialized")
+		}
+	})
+	t.Run("FailsWhileDialling", func(t *testing.T) {
+		// The session's container ends while the dial waits for its
+		// agent: the Pod's failure is the error, and the dial is stopped.
+		var dialErr error
+		_, err := waitWith(t, 10*time.Second, func(ctx context.Context) error { dialErr = never(ctx); return dialErr }, initialized, func(pod *corev1.Pod) {
+			pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: containerSession, Image: "img:1",
+				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 127, Reason: "Error"}}}}
+		})
+		if err == nil || !strings.Contains(err.Error(), "exit 127") {
+			t.Fatalf("container ended: %v", err)
+		}
+		if !errors.Is(dialErr, context.Canceled) {
+			t.Errorf("the dial was not stopped: %v", dialErr)
+		}
+	})
+	t.Run("DialFails", func(t *testing.T) {
+		refused := errors.New("the agent refused")
+		if _, err := waitWith(t, 10*time.Second, func(context.Context) error { return refused }, initialized); !errors.Is(err, refused) {
+			t.Fatalf("dial failure: %v", err)
+		}
+	})
+	t.Run("Timeout", func(t *testing.T) {
+		_, err := waitWith(t, time.Second, never)
+		var sbe *sandbox.SandboxError
+		if !errors.As(err, &sbe) || !strings.Contains(err.Error(), "not running within") {
+			t.Fatalf("timeout: %v", err)
+		}
+	})
 }
 
 // TestPodStuckOneList: the probe's Pods and the sessions' fail fast on the
