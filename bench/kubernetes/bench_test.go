@@ -11,18 +11,24 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/provider/kubernetes"
 	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // BenchmarkCreateFirstExec: a new session until its first exec of
 // /bin/true has finished (create + Exec; the destroy is not timed); beside
-// it the cluster's own Pod start: a busybox Pod created through client-go
-// until Ready (create + watch: what the provider's create waits for, less
-// the agent), and `kubectl run --restart=Never` + `kubectl wait
-// --for=condition=Ready` (the same through kubectl, two processes).
+// it the cluster's own Pod start: a Pod of the session's own shape (the
+// provider's Pod read back from a session: the init container copying the
+// agent, its volumes, the agent as the command) created through client-go
+// until Ready, a bare busybox Pod the same way (create + watch), and
+// `kubectl run --restart=Never` + `kubectl wait --for=condition=Ready`
+// (the bare Pod through kubectl, two processes).
 func BenchmarkCreateFirstExec(b *testing.B) {
 	runPeers(b, []peer{
 		{"ours", oursCreateFirstExec},
+		{"session-pod-ready", sessionPodReady},
 		{"pod-ready", podReady},
 		{"kubectl-run", kubectlRunWait},
 	})
@@ -64,11 +70,43 @@ func oursCreateFirstExec(b *testing.B) {
 
 func podReady(b *testing.B) {
 	c := need(b)
+	podStart(b, "ready", c.barePod)
+}
+
+// sessionPodReady starts copies of a session's own Pod: its spec, under
+// a peer's name and label, so that no provider takes it for a session.
+func sessionPodReady(b *testing.B) {
+	c := need(b)
+	sb := newProvider(b)
+	ctx := context.Background()
+	s, err := sb.CreateSession(ctx, sessionSpec(c.busybox))
+	if err != nil {
+		b.Fatal(err)
+	}
+	pods, err := c.cs.CoreV1().Pods(c.ns).List(ctx, metav1.ListOptions{LabelSelector: kubernetes.LabelSession + "=" + s.ID()})
+	if err != nil || len(pods.Items) != 1 {
+		b.Fatalf("the session's Pod: %v (%d found)", err, len(pods.Items))
+	}
+	spec := pods.Items[0].Spec
+	if err := sb.DestroySession(ctx, s.ID()); err != nil {
+		b.Fatal(err)
+	}
+	podStart(b, "shape", func(name string) *corev1.Pod {
+		pod := c.barePod(name)
+		pod.Spec = *spec.DeepCopy()
+		pod.Spec.NodeName = "" // the scheduler's, as for a session
+		return pod
+	})
+}
+
+// podStart times c.startPod of the Pods pod makes, one warm-up first.
+func podStart(b *testing.B, kind string, pod func(name string) *corev1.Pod) {
+	c := need(b)
 	ctx := context.Background()
 	op := func() (time.Duration, string, error) {
-		name := podName("ready")
+		name := podName(kind)
 		t0 := time.Now()
-		err := c.startPod(ctx, name)
+		err := c.startPod(ctx, pod(name))
 		return time.Since(t0), name, err
 	}
 	if _, name, err := op(); err != nil {
@@ -162,7 +200,7 @@ func livePod(b *testing.B, kind string) string {
 	c := need(b)
 	ctx := context.Background()
 	name := podName(kind)
-	if err := c.startPod(ctx, name); err != nil {
+	if err := c.startPod(ctx, c.barePod(name)); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = c.deletePod(context.Background(), name) })
@@ -380,7 +418,7 @@ func podsConcurrent(b *testing.B) {
 			names = append(names, name)
 			g.Go(func() error {
 				t1 := time.Now()
-				if err := c.startPod(ctx, name); err != nil {
+				if err := c.startPod(ctx, c.barePod(name)); err != nil {
 					return err
 				}
 				mu.Lock()

@@ -220,15 +220,16 @@ func (c *cluster) barePod(name string) *corev1.Pod {
 	}
 }
 
-// startPod creates name and waits until it is Ready (its container
+// startPod creates pod and waits until it is Ready (its containers
 // started), through a watch of it alone, watched again from the Pod's
 // last resourceVersion if the apiserver ends the watch; bounded by 2
 // minutes.
-func (c *cluster) startPod(ctx context.Context, name string) error {
+func (c *cluster) startPod(ctx context.Context, pod *corev1.Pod) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	pods := c.cs.CoreV1().Pods(c.ns)
-	p, err := pods.Create(ctx, c.barePod(name), metav1.CreateOptions{})
+	name := pod.Name
+	p, err := pods.Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		return err
 	}
