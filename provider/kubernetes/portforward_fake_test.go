@@ -35,6 +35,7 @@ import (
 type fakeAPI struct {
 	srv       *httptest.Server
 	agentAddr string
+	oldAddr   string // an agent of a tai42 before op "mux" (oldAgentPort)
 	refused   string
 	dir       string
 	stop      func()
@@ -48,6 +49,9 @@ type fakeAPI struct {
 }
 
 const fakePod = "tai42-fake"
+
+// oldAgentPort is forwarded to an agent that does not know op "mux".
+const oldAgentPort = 7422
 
 func newFakeAPI(t testing.TB) *fakeAPI {
 	t.Helper()
@@ -69,6 +73,7 @@ func newFakeAPI(t testing.TB) *fakeAPI {
 	}
 	f.refused = nl.Addr().String()
 	nl.Close()
+	f.oldAddr = oldAgent(t, f.agentAddr)
 	mux := http.NewServeMux()
 	mux.HandleFunc("/api/v1/namespaces/{ns}/pods/{pod}/portforward", func(w http.ResponseWriter, r *http.Request) {
 		if r.PathValue("pod") != fakePod {
@@ -140,8 +145,11 @@ func (f *fakeAPI) killConns() {
 // streaming server does.
 func (f *fakeAPI) PortForward(ctx context.Context, _ string, _ string, port int32, stream io.ReadWriteCloser) error {
 	addr := f.refused
-	if port == testAgentPort {
+	switch port {
+	case testAgentPort:
 		addr = f.agentAddr
+	case oldAgentPort:
+		addr = f.oldAddr
 	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
@@ -176,6 +184,53 @@ func (f *fakeAPI) PortForward(ctx context.Context, _ string, _ string, port int3
 		<-finished
 	}
 	return nil
+}
+
+// oldAgent serves, until t ends, an agent as a tai42 before op "mux" was:
+// it answers a mux request with the protocol error an unknown op gets and
+// hands every other connection to the agent at addr.
+func oldAgent(t testing.TB, addr string) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				hdr := make([]byte, 5)
+				if _, err := io.ReadFull(c, hdr); err != nil {
+					return
+				}
+				req := make([]byte, int(hdr[1])<<24|int(hdr[2])<<16|int(hdr[3])<<8|int(hdr[4]))
+				if _, err := io.ReadFull(c, req); err != nil {
+					return
+				}
+				if bytes.Contains(req, []byte(`"op":"mux"`)) {
+					msg := []byte(`{"kind":"protocol","message":"agent protocol: unknown operation \"mux\""}`)
+					_, _ = c.Write(append([]byte{'E', 0, 0, 0, byte(len(msg))}, msg...))
+					return
+				}
+				up, err := net.Dial("tcp", addr)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				if _, err := up.Write(append(hdr, req...)); err != nil {
+					return
+				}
+				go func() { _, _ = io.Copy(up, c); _ = up.(*net.TCPConn).CloseWrite() }()
+				_, _ = io.Copy(c, up)
+			})
+		}
+	})
+	return ln.Addr().String()
 }
 
 func (f *fakeAPI) tunnel(t testing.TB, pod string, port int) *tunnel {
@@ -341,6 +396,29 @@ func TestTunnelFake(t *testing.T) {
 		}
 		if err := cl.Ping(ctx); err != nil {
 			t.Fatalf("ping after the server came back: %v", err)
+		}
+	})
+
+	t.Run("AgentWithoutMux", func(t *testing.T) {
+		// An agent of an older tai42: a stream pair per connection.
+		other := f.tunnel(t, fakePod, oldAgentPort)
+		ocl := &agent.Client{Dial: other.Dial}
+		for i := range 3 {
+			if out, res, err := pfRunIn(ctx, ocl, f.dir, nil, "echo", fmt.Sprint(i)); err != nil || res.ExitCode != 0 || out != fmt.Sprintln(i) {
+				t.Fatalf("exec %d on an agent without mux: %q %+v %v", i, out, res, err)
+			}
+		}
+		other.mu.Lock()
+		plain, m := other.plain, other.mux
+		other.mu.Unlock()
+		if !plain || m != nil {
+			t.Errorf("the tunnel to an agent without mux: plain %v, mux %v", plain, m)
+		}
+		tun.mu.Lock()
+		plain, m = tun.plain, tun.mux
+		tun.mu.Unlock()
+		if plain || m == nil {
+			t.Errorf("the tunnel to a current agent: plain %v, mux %v; want it multiplexed", plain, m)
 		}
 	})
 
