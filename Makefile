@@ -2,11 +2,14 @@
 # command itself, nothing hidden: `make -n TARGET` prints it.
 #
 #   make build            the tai42 binary (./tai42)
-#   make lint             go vet, then golangci-lint (.golangci.yml) at zero findings
-#   make test             lint, then every Go test under -race, then the Python half
+#   make lint             golangci-lint (.golangci.yml, govet included) at zero findings
+#   make test             lint, then every test in two lanes side by side: the Go tests
+#                         that need no cluster, the Python half, the crash test; and the
+#                         kubernetes packages' on the kubetest cluster, the two-daemon test
+#   make test-go          every Go test under -race (test-go-local, then test-go-kube)
 #   make crash            the crash test's quick mode (5 rounds per provider)
-#   make kube-daemons     the two-daemon test on the kubetest cluster (as root, about 5 minutes)
-#   make ci               test, crash, then kube-daemons: what .ci/run runs after its installs
+#   make kube-daemons     the two-daemon test on the kubetest cluster (as root, about 4 minutes)
+#   make ci               test: what .ci/run runs after its installs
 #   make bench-run        the host runner's benchmarks (bench/run.sh, about 2.5 minutes)
 #   make bench-api        the daemon API's benchmarks (bench/api.sh, about 2 minutes)
 #   make bench-container  the container provider's (bench/container.sh, as root, about 10 minutes)
@@ -25,27 +28,59 @@ GO ?= go
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
 # The targets run one after another, in the order written, even under -j:
-# the tests and the crash test share the machine's namespaces and cores.
+# the tests and the crash test share the machine's namespaces and cores
+# (test-kube-python runs its two halves side by side itself).
 .NOTPARALLEL:
 
-.PHONY: build lint test test-go test-python crash kube-daemons ci bench-run bench-api bench-container bench-python bench-pull bench-kubernetes fmt
+# The packages whose tests run on the kubetest cluster (each test binary
+# starts one; provider/kubernetes/kubetest): they wait on the cluster, not
+# on the CPU. Its binaries are built first, as root (the tests need root
+# and skip without it), outside any test's timeout: cold, minutes; warm,
+# or built meanwhile by another process (.ci/run's, in the background),
+# which it waits for, a moment.
+KUBE_PKGS = ./provider/kubernetes/... ./bench/kubernetes/
+KUBE_BUILD = if [ "$$(id -u)" = 0 ]; then $(GO) run ./provider/kubernetes/kubetest/cmd/kubecluster build; fi
+
+.PHONY: build lint test test-go test-go-local test-go-kube test-python crash kube-daemons ci bench-run bench-api bench-container bench-python bench-pull bench-kubernetes fmt
 
 build:
 	$(GO) build -o tai42 ./cmd/tai42
 
-# go vet stays beside golangci-lint's govet: it is the toolchain's own set of
-# checks, and it runs in seconds. golangci-lint's staticcheck is
-# staticcheck v0.8.2 with its own default checks, so there is no separate
-# staticcheck run. The crash test's files (tag crash) are linted by both.
+# golangci-lint's govet runs go vet's own analyzers (and go test runs vet's
+# high-confidence subset on every test package), so there is no separate
+# go vet run: cold, it compiled the whole tree once more. Its staticcheck
+# is staticcheck v0.8.2 with its own default checks, so there is no
+# separate staticcheck run either. The crash test's files (tag crash) are
+# linted too (.golangci.yml's build-tags).
 lint:
-	$(GO) vet ./...
-	$(GO) vet -tags crash ./cmd/tai42/
 	$(GOLANGCI_LINT) run ./...
 
-test: lint test-go test-python
+# Every test, in two lanes side by side once the lint passed: the tests
+# that need no cluster, then the Python half and the crash test, beside
+# the kubernetes packages' (on the kubetest cluster, its binaries built
+# first), then the two-daemon test. The second lane waits on its cluster
+# more than on the CPU. The first lane's output streams; the second's is
+# kept in a file and printed once both are done; either failing fails it.
+test: lint
+	@$(LANES) "test-go-local test-python crash" "test-go-kube kube-daemons"
 
-test-go:
-	$(GO) test -race -count=1 -timeout 20m ./...
+# LANES A B: make -k A beside make -k B (each a list of targets, in order).
+LANES = sh -c 'log=$$(mktemp); echo "lane 2 ($$2) > $$log, printed below once done"; \
+	$(MAKE) --no-print-directory -k $$2 >"$$log" 2>&1 & two=$$!; \
+	one=0; $(MAKE) --no-print-directory -k $$1 || one=$$?; \
+	twost=0; wait $$two || twost=$$?; \
+	echo "--- lane 2 ($$2), exit $$twost:"; cat "$$log"; rm -f "$$log"; \
+	echo "--- lane 1 ($$1): exit $$one; lane 2 ($$2): exit $$twost"; \
+	[ $$one -eq 0 ] && [ $$twost -eq 0 ]' lanes
+
+test-go: test-go-local test-go-kube
+
+test-go-local:
+	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v -e /provider/kubernetes -e /bench/kubernetes)
+
+test-go-kube:
+	$(KUBE_BUILD)
+	$(GO) test -race -count=1 -timeout 20m $(KUBE_PKGS)
 
 # python/test.sh makes python/.venv and installs the Python distribution
 # with its test extras from PyPI itself.
@@ -63,9 +98,10 @@ crash:
 # cluster (cmd/tai42/kube_daemons_test.go; opt-in, since it starts a
 # cluster of its own after the provider's tests have had theirs).
 kube-daemons:
+	$(KUBE_BUILD)
 	TAI42_KUBETEST=1 $(GO) test -race -count=1 -timeout 30m -run TestKubeDaemons ./cmd/tai42/
 
-ci: test crash kube-daemons
+ci: test
 
 bench-run:
 	bash bench/run.sh
