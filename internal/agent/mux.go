@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -51,14 +52,40 @@ func muxConfig(client bool) *yamux.Config {
 	return c
 }
 
-// bufferedConn is a net.Conn whose reads come through r first: what the
-// frame reader buffered past the mux request belongs to the session.
+// bufferedConn is a yamux session's connection: its reads come through r
+// first (what the frame reader buffered past the mux request belongs to
+// the session), and a data frame's header is written with its body.
+//
+// yamux writes each frame as two writes, its 12-byte header and then its
+// body; through a port-forward each write is a frame of its own through
+// the apiserver, the kubelet and the runtime. So the header of a data
+// frame that has a body (yamux's spec: version 0, type 0, the length in
+// bytes 8 to 12) is held and written with the next write, which is that
+// body: yamux's one sending goroutine writes them back to back.
 type bufferedConn struct {
 	net.Conn
-	r *bufio.Reader
+	r    *bufio.Reader
+	held []byte // a data frame's header, waiting for its body
+	buf  []byte
 }
 
 func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+const muxHeaderLen = 12
+
+func (c *bufferedConn) Write(p []byte) (int, error) {
+	if c.held == nil && len(p) == muxHeaderLen && p[0] == 0 && p[1] == 0 && binary.BigEndian.Uint32(p[8:]) > 0 {
+		c.held = append(c.buf[:0], p...)
+		return len(p), nil
+	}
+	if c.held == nil {
+		return c.Conn.Write(p)
+	}
+	c.buf = append(c.held, p...)
+	c.held = nil
+	n, err := c.Conn.Write(c.buf)
+	return max(n-muxHeaderLen, 0), err
+}
 
 // handleMux answers the mux request on nc (whose frames c reads) and then
 // serves every stream of the session as a connection, until the session
