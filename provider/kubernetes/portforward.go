@@ -291,7 +291,28 @@ func (t *tunnel) muxFor(ctx context.Context, c httpstream.Connection) (*agent.Mu
 	if err != nil {
 		return nil, nil, err
 	}
-	m, err := agent.OpenMux(ctx, carrier)
+	// A forward the server could not make says so on the error stream;
+	// the data stream's reset may wait behind the request written to it
+	// (one of the server's frame workers holds it), so the error ends
+	// the exchange.
+	octx, ocancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-carrier.errDone:
+			if carrier.errMsg != "" {
+				ocancel()
+			}
+		case <-octx.Done():
+		}
+	}()
+	m, err := agent.OpenMux(octx, carrier)
+	ocancel()
+	if err != nil && ctx.Err() == nil {
+		if ferr := carrier.forwardErr(); ferr != nil {
+			carrier.Close()
+			return nil, nil, ferr
+		}
+	}
 	if errors.Is(err, agent.ErrMuxUnsupported) {
 		t.mu.Lock()
 		t.plain = true
@@ -767,6 +788,19 @@ type tunnelConn struct {
 	closeOnce sync.Once
 	closed    chan struct{}
 	rd, wd    *pfDeadline
+}
+
+// forwardErr is the server's word on the error stream that it could not
+// forward, once it came (nil before, or when it said nothing).
+func (tc *tunnelConn) forwardErr() error {
+	select {
+	case <-tc.errDone:
+		if tc.errMsg != "" {
+			return tc.t.errorf("forwarding", errors.New(tc.errMsg))
+		}
+	default:
+	}
+	return nil
 }
 
 // err is why the conn's data stream ended, once it did (nil before).
