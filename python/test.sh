@@ -30,7 +30,11 @@ assert any(ep.name == "tai42_sandbox" or ep.value.startswith("tai42_sandbox")
            for ep in entry_points(group="inspect_ai")), "no inspect_ai entry point"
 PY
 
-go build -o "$tmp/tai42" ../cmd/tai42
+# One build of tai42 at a time on the machine: the Go tests' builds take
+# the same lock (internal/buildtest), so that builds running side by side
+# share one compile through Go's build cache instead of each compiling the
+# tree.
+flock "${TMPDIR:-/tmp}/tai42-build.lock" go build -o "$tmp/tai42" ../cmd/tai42
 export TAI42_BIN="$tmp/tai42"
 .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy && .venv/bin/mypy tests
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -147,7 +147,7 @@ func TestBinaryContainer(t *testing.T) {
 // commands see no LD_* variable, and nothing is left.
 func TestBinaryContainerCgo(t *testing.T) {
 	requireContainer(t)
-	bin := buildBinaryEnv(t, "CGO_ENABLED=1")
+	bin := buildBinaryCgo(t, true)
 	if f, err := elf.Open(bin); err != nil {
 		t.Fatal(err)
 	} else {

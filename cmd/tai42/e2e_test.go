@@ -14,27 +14,27 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tai42/sandbox/internal/buildtest"
 )
 
 // buildBinary builds tai42 into a temporary directory (skipped with -short),
 // static (CGO_ENABLED=0).
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	return buildBinaryEnv(t, "CGO_ENABLED=0")
+	return buildBinaryCgo(t, false)
 }
 
-// buildBinaryEnv builds tai42 into a temporary directory with env added to
-// this process's environment (skipped with -short).
-func buildBinaryEnv(t *testing.T, env ...string) string {
+// buildBinaryCgo builds tai42 into a temporary directory, with cgo when cgo
+// is set (skipped with -short).
+func buildBinaryCgo(t *testing.T, cgo bool) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
 	bin := filepath.Join(t.TempDir(), "tai42")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Env = append(os.Environ(), env...)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	if err := buildtest.Tai42(t.Context(), bin, cgo); err != nil {
+		t.Fatal(err)
 	}
 	return bin
 }

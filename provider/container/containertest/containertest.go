@@ -22,6 +22,7 @@ import (
 	"testing"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/buildtest"
 	"github.com/tai42/sandbox/internal/escapeprobe/escapeprobetest"
 	"github.com/tai42/sandbox/internal/imagestore"
 	"github.com/tai42/sandbox/internal/imagestore/imagestoretest"
@@ -75,10 +76,8 @@ func prepare(dir string) error {
 		return fmt.Errorf("runc is not installed (apt-get install -y runc)")
 	}
 	env.agent = filepath.Join(dir, "tai42")
-	build := exec.Command("go", "build", "-o", env.agent, "github.com/tai42/sandbox/cmd/tai42")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("building the static agent: %v: %s", err, out)
+	if err := buildtest.Tai42(context.Background(), env.agent, false); err != nil {
+		return fmt.Errorf("building the static agent: %w", err)
 	}
 	env.images = filepath.Join(dir, "images")
 	store, err := imagestore.Open(env.images)
@@ -164,10 +163,8 @@ func buildDynamic(out string) (path, skip string, err error) {
 	if _, err := exec.LookPath(compiler[0]); err != nil {
 		return "", fmt.Sprintf("cgo is unavailable: no C compiler (%s; apt-get install -y gcc)", err), nil
 	}
-	build := exec.Command("go", "build", "-o", out, "github.com/tai42/sandbox/cmd/tai42")
-	build.Env = append(os.Environ(), "CGO_ENABLED=1")
-	if b, err := build.CombinedOutput(); err != nil {
-		return "", "", fmt.Errorf("building tai42 with cgo: %v: %s", err, b)
+	if err := buildtest.Tai42(context.Background(), out, true); err != nil {
+		return "", "", fmt.Errorf("building tai42 with cgo: %w", err)
 	}
 	f, err := elf.Open(out)
 	if err != nil {

@@ -54,6 +54,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/tai42/sandbox/internal/buildtest"
 	"github.com/tai42/sandbox/internal/flock"
 	"github.com/tai42/sandbox/internal/imagestore/imagestoretest"
 	"github.com/tai42/sandbox/internal/imagestore/registrytest"
@@ -580,20 +581,11 @@ func ModuleRoot() (string, error) {
 }
 
 // BuildAgent builds ./cmd/tai42 of this repository, static, into dir and
-// returns the binary's path.
+// returns the binary's path (as every test's tai42 is built: package
+// buildtest).
 func BuildAgent(ctx context.Context, dir string) (string, error) {
-	root, err := ModuleRoot()
-	if err != nil {
-		return "", err
-	}
 	out := filepath.Join(dir, "tai42")
-	env := []string{"CGO_ENABLED=0"}
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "CGO_ENABLED=") {
-			env = append(env, kv)
-		}
-	}
-	if err := goCmd(ctx, root, env, "build", "-trimpath", "-o", out, "./cmd/tai42"); err != nil {
+	if err := buildtest.Tai42(ctx, out, false); err != nil {
 		return "", fmt.Errorf("building the agent: %w", err)
 	}
 	return out, nil

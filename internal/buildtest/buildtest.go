@@ -1,0 +1,92 @@
+// Package buildtest builds the tai42 binary for tests and their harnesses
+// (the container provider's agent, the kubernetes harness's agent image,
+// the CLI's end-to-end tests, the Python suite's daemons), all the same
+// way and one build at a time on the machine.
+//
+// Why one at a time: `go test ./...` runs several test binaries at once,
+// and each wants a tai42 at its start. Go's build cache shares finished
+// compiles between go commands, not compiles in progress, so on a cold
+// cache every concurrent build compiled the whole tree (client-go and all)
+// again: minutes of CPU each on a 2-core CI machine. Under the lock the
+// first build compiles and the others find its packages in the cache and
+// only link. python/test.sh takes the same lock with flock(1) (LockPath).
+package buildtest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tai42/sandbox/internal/flock"
+)
+
+// Package is what is built: the tai42 command of this module, by import
+// path, so that a build runs from any directory of the module.
+const Package = "github.com/tai42/sandbox/cmd/tai42"
+
+// LockPath is the machine-wide build lock: a file in the temporary
+// directory, which every user of the machine can open.
+func LockPath() string { return filepath.Join(os.TempDir(), "tai42-build.lock") }
+
+// Tai42 builds Package into out: static (CGO_ENABLED=0) unless cgo, then
+// with cgo (CGO_ENABLED=1: dynamically linked where a C compiler is
+// installed). No other flag: every caller's build of a kind shares the
+// same cache entries. It holds LockPath while it builds (opened read-only,
+// as flock(1) opens it, so that every user can lock it); a lock file it
+// cannot open only costs the sharing.
+// ctx ends the build. The error carries the end of the go command's
+// output.
+func Tai42(ctx context.Context, out string, cgo bool) error {
+	if f, err := os.OpenFile(LockPath(), os.O_RDONLY|os.O_CREATE, 0o666); err == nil {
+		defer f.Close()
+		if err := lockCtx(ctx, f); err != nil {
+			return fmt.Errorf("waiting for another build of tai42: %w", err)
+		}
+	}
+	cgoEnv := "CGO_ENABLED=0"
+	if cgo {
+		cgoEnv = "CGO_ENABLED=1"
+	}
+	cmd := exec.CommandContext(ctx, goTool(), "build", "-o", out, Package)
+	cmd.Env = append(os.Environ(), cgoEnv)
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	if err := cmd.Run(); err != nil {
+		b := buf.Bytes()
+		if len(b) > 4096 {
+			b = b[len(b)-4096:]
+		}
+		return fmt.Errorf("go build -o %s %s (%s): %w\n%s", out, Package, cgoEnv, err, b)
+	}
+	return nil
+}
+
+// lockCtx takes an exclusive lock on f, waiting until it is free or ctx
+// is done. flock(2) cannot be cancelled, so it is retried without waiting.
+func lockCtx(ctx context.Context, f *os.File) error {
+	err := flock.Lock(f, unix.LOCK_EX|unix.LOCK_NB)
+	for err == unix.EWOULDBLOCK {
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(50 * time.Millisecond):
+		}
+		err = flock.Lock(f, unix.LOCK_EX|unix.LOCK_NB)
+	}
+	return err
+}
+
+// goTool is the go command: PATH's (go test puts its own first), else the
+// usual install's.
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return "/usr/local/go/bin/go"
+}
