@@ -3,9 +3,10 @@
 #
 #   make build            the tai42 binary (./tai42)
 #   make lint             golangci-lint (.golangci.yml, govet included) at zero findings
-#   make test             lint, then every test in two lanes side by side: the Go tests
-#                         that need no cluster, the Python half, the crash test; and the
-#                         kubernetes packages' on the kubetest cluster, the two-daemon test
+#   make test             every test and the lint, in four lanes side by side: the Go tests
+#                         that need no cluster, then the crash test; the kubernetes packages'
+#                         on the kubetest cluster, then the two-daemon test; the Python half;
+#                         the lint (at a lower CPU priority)
 #   make test-go          every Go test under -race (test-go-local, then test-go-kube)
 #   make crash            the crash test's quick mode (5 rounds per provider)
 #   make kube-daemons     the two-daemon test on the kubetest cluster (as root, about 4 minutes)
@@ -52,26 +53,35 @@ build:
 # is staticcheck v0.8.2 with its own default checks, so there is no
 # separate staticcheck run either. The crash test's files (tag crash) are
 # linted too (.golangci.yml's build-tags).
+# NICE runs the lint at a lower CPU priority when set (make test sets it).
 lint:
-	$(GOLANGCI_LINT) run ./...
+	$(NICE) $(GOLANGCI_LINT) run ./...
 
-# Every test, in two lanes side by side once the lint passed: the tests
-# that need no cluster, then the Python half and the crash test, beside
-# the kubernetes packages' (on the kubetest cluster, its binaries built
-# first), then the two-daemon test. The second lane waits on its cluster
-# more than on the CPU. The first lane's output streams; the second's is
-# kept in a file and printed once both are done; either failing fails it.
-test: lint
-	@$(LANES) "test-go-local test-python crash" "test-go-kube kube-daemons"
+# Every test and the lint, in four lanes side by side: the Go tests that
+# need no cluster, then the crash test; the kubernetes packages' (on the
+# kubetest cluster, its binaries built first), then the two-daemon test;
+# the Python half; the lint. On a cold machine they are minutes of
+# compiling each, and then mostly waiting (on sessions, Pods, daemons):
+# side by side, one lane's waiting is another's CPU. The lint yields the
+# CPU to the others (nice): its result is needed only at the end, the
+# cluster's binaries (built meanwhile by .ci/run) are needed first. The
+# first lane's output streams; the others' are kept in files and printed
+# once every lane is done; any lane failing fails it.
+test:
+	@$(LANES) "test-go-local crash" "test-go-kube kube-daemons" "test-python" "lint NICE=nice"
 
-# LANES A B: make -k A beside make -k B (each a list of targets, in order).
-LANES = sh -c 'log=$$(mktemp); echo "lane 2 ($$2) > $$log, printed below once done"; \
-	$(MAKE) --no-print-directory -k $$2 >"$$log" 2>&1 & two=$$!; \
-	one=0; $(MAKE) --no-print-directory -k $$1 || one=$$?; \
-	twost=0; wait $$two || twost=$$?; \
-	echo "--- lane 2 ($$2), exit $$twost:"; cat "$$log"; rm -f "$$log"; \
-	echo "--- lane 1 ($$1): exit $$one; lane 2 ($$2): exit $$twost"; \
-	[ $$one -eq 0 ] && [ $$twost -eq 0 ]' lanes
+# LANES A B...: make -k of each list of targets, in order, the lists side
+# by side.
+LANES = sh -c 'dir=$$(mktemp -d); n=0; \
+	for lane in "$$@"; do n=$$((n + 1)); [ $$n -eq 1 ] && continue; \
+		echo "lane $$n ($$lane) > $$dir/$$n, printed below once done"; \
+		{ $(MAKE) --no-print-directory -k $$lane >"$$dir/$$n" 2>&1; echo $$? >"$$dir/$$n.rc"; } & done; \
+	one=0; $(MAKE) --no-print-directory -k $$1 || one=$$?; wait; \
+	status=$$one; summary="lane 1 ($$1): exit $$one"; \
+	for i in $$(seq 2 $$n); do rc=$$(cat "$$dir/$$i.rc"); \
+		echo "--- lane $$i, exit $$rc:"; cat "$$dir/$$i"; \
+		summary="$$summary; lane $$i: exit $$rc"; [ "$$rc" = 0 ] || status=1; done; \
+	rm -rf "$$dir"; echo "--- $$summary"; exit $$status' lanes
 
 test-go: test-go-local test-go-kube
 
