@@ -37,4 +37,5 @@ PY
 flock "${TMPDIR:-/tmp}/tai42-build.lock" go build -o "$tmp/tai42" ../cmd/tai42
 export TAI42_BIN="$tmp/tai42"
 .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy && .venv/bin/mypy tests
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# -rs: every skip's reason in the summary (CI skips nothing it can run).
+.venv/bin/python -m pytest -q -rs -p no:cacheprovider "$@"
