@@ -19,7 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -45,7 +44,7 @@ func LockPath() string { return filepath.Join(os.TempDir(), "tai42-build.lock") 
 func Tai42(ctx context.Context, out string, cgo bool) error {
 	if f, err := os.OpenFile(LockPath(), os.O_RDONLY|os.O_CREATE, 0o666); err == nil {
 		defer f.Close()
-		if err := lockCtx(ctx, f); err != nil {
+		if err := flock.LockContext(ctx, f, unix.LOCK_EX); err != nil {
 			return fmt.Errorf("waiting for another build of tai42: %w", err)
 		}
 	}
@@ -65,21 +64,6 @@ func Tai42(ctx context.Context, out string, cgo bool) error {
 		return fmt.Errorf("go build -o %s %s (%s): %w\n%s", out, Package, cgoEnv, err, b)
 	}
 	return nil
-}
-
-// lockCtx takes an exclusive lock on f, waiting until it is free or ctx
-// is done. flock(2) cannot be cancelled, so it is retried without waiting.
-func lockCtx(ctx context.Context, f *os.File) error {
-	err := flock.Lock(f, unix.LOCK_EX|unix.LOCK_NB)
-	for err == unix.EWOULDBLOCK {
-		select {
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-time.After(50 * time.Millisecond):
-		}
-		err = flock.Lock(f, unix.LOCK_EX|unix.LOCK_NB)
-	}
-	return err
 }
 
 // goTool is the go command: PATH's (go test puts its own first), else the

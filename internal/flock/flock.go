@@ -4,7 +4,9 @@
 package flock
 
 import (
+	"context"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,4 +37,25 @@ func TryExclusive(path string) (*os.File, error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+// pollInterval is how often LockContext tries again.
+const pollInterval = 100 * time.Millisecond
+
+// LockContext takes the lock how asks for (unix.LOCK_SH or LOCK_EX) on f,
+// waiting while it is held elsewhere until ctx is done: then it returns
+// ctx's cause. flock(2) cannot be cancelled, so it tries without waiting
+// (LOCK_NB), every pollInterval.
+func LockContext(ctx context.Context, f *os.File, how int) error {
+	for {
+		err := Lock(f, how|unix.LOCK_NB)
+		if err != unix.EWOULDBLOCK {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(pollInterval):
+		}
+	}
 }

@@ -1,10 +1,12 @@
 package flock
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -46,5 +48,42 @@ func TestTryExclusive(t *testing.T) {
 	}
 	if _, err := TryExclusive(path); !errors.Is(err, unix.EWOULDBLOCK) {
 		t.Errorf("an exclusive lock under shared ones = %v; want EWOULDBLOCK", err)
+	}
+}
+
+// TestLockContext: the lock held elsewhere is waited for, and taken once
+// its holder lets go; a wait whose ctx ends returns the ctx's cause, the
+// lock untaken.
+func TestLockContext(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "lock")
+	held, err := TryExclusive(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+
+	cause := errors.New("the test gave up")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	time.AfterFunc(2*pollInterval, func() { cancel(cause) })
+	if err := LockContext(ctx, f, unix.LOCK_EX); !errors.Is(err, cause) {
+		t.Fatalf("LockContext with the lock held elsewhere: %v; want the ctx's cause", err)
+	}
+
+	time.AfterFunc(2*pollInterval, func() { held.Close() })
+	start := time.Now()
+	if err := LockContext(context.Background(), f, unix.LOCK_EX); err != nil {
+		t.Fatalf("LockContext after the holder let go: %v", err)
+	}
+	if d := time.Since(start); d < pollInterval {
+		t.Fatalf("LockContext took the lock after %v, while it was still held", d)
+	}
+	other, err := TryExclusive(path)
+	if err == nil {
+		other.Close()
+		t.Fatal("a second holder got the lock LockContext holds")
 	}
 }

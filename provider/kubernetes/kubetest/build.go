@@ -12,7 +12,6 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -84,7 +83,7 @@ func Build(ctx context.Context, cacheDir string) (string, error) {
 		return "", err
 	}
 	defer lock.Close()
-	if err := lockCtx(ctx, lock); err != nil {
+	if err := flock.LockContext(ctx, lock, unix.LOCK_EX); err != nil {
 		return "", fmt.Errorf("waiting for the build lock %s: %w", lock.Name(), err)
 	}
 	if complete(bin, want) { // built by another process meanwhile
@@ -121,21 +120,6 @@ func stamp() string {
 func complete(bin, want string) bool {
 	b, err := os.ReadFile(filepath.Join(bin, stampFile))
 	return err == nil && string(b) == want
-}
-
-// lockCtx takes an exclusive flock on f, waiting until ctx is done.
-func lockCtx(ctx context.Context, f *os.File) error {
-	for {
-		err := flock.Lock(f, unix.LOCK_EX|unix.LOCK_NB)
-		if err != unix.EWOULDBLOCK {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }
 
 // goEnv is the environment of the go commands: static binaries, modules

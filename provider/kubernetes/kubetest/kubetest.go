@@ -322,7 +322,7 @@ func (c *Cluster) lockMachine(ctx context.Context) (undo.Func, error) {
 	}
 	if err := flock.Lock(f, unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		c.logf("waiting for %s: another harness cluster runs", MachineLock)
-		if err := lockCtx(ctx, f); err != nil {
+		if err := flock.LockContext(ctx, f, unix.LOCK_EX); err != nil {
 			f.Close()
 			return nil, fmt.Errorf("waiting for %s (another harness cluster runs): %w", MachineLock, err)
 		}
