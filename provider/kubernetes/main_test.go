@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/tai42/sandbox/internal/escapeprobe/escapeprobetest"
 	"github.com/tai42/sandbox/provider/kubernetes/kubetest"
 )
 
@@ -24,6 +25,11 @@ func TestMain(m *testing.M) {
 		_ = flag.Set("test.parallel", "4")
 	}
 	code := kubetest.Run(m)
+	// The escape battery's probe binary, where a test built it.
+	if err := escapeprobetest.Cleanup(); err != nil {
+		fmt.Fprintf(os.Stderr, "removing the escape probe: %v\n", err)
+		code = 1
+	}
 	if code == 0 {
 		if err := goleak.Find(leakOptions...); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)

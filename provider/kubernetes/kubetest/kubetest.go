@@ -108,6 +108,11 @@ type Options struct {
 	// fault fails a step of Start (undo.Stack.Fault), for the test that a
 	// failed Start leaves nothing.
 	fault func(step string) error
+	// beforeUnlock runs at the end of the teardown (Close, or a failed
+	// Start's), just before the machine lock is let go: the tests' check
+	// that nothing is left must run before another cluster of the
+	// machine can make the same names again.
+	beforeUnlock func()
 }
 
 // Cluster is a running cluster.
@@ -350,6 +355,9 @@ func (c *Cluster) lockMachine(ctx context.Context) (undo.Func, error) {
 			c.logf("a teardown step failed: %s is kept for the next Start to sweep", stateRecord)
 		} else {
 			_ = os.Remove(stateRecord)
+		}
+		if c.opts.beforeUnlock != nil {
+			c.opts.beforeUnlock()
 		}
 		return f.Close()
 	}, nil

@@ -152,7 +152,15 @@ func TestCluster(t *testing.T) {
 		t.Skip(why)
 	}
 	ctx := context.Background()
-	opts := Options{Logf: t.Logf}
+	// The checks that nothing is left run at the end of Close, under the
+	// machine lock: once it is let go, another test binary's cluster may
+	// make the same bridge, rules and record again.
+	var leftovers func()
+	opts := Options{Logf: t.Logf, beforeUnlock: func() {
+		if leftovers != nil {
+			leftovers()
+		}
+	}}
 	if os.Getenv("TAI42_KUBETEST_NO_ENFORCER") != "" {
 		opts.NoEnforcer = true
 	}
@@ -533,69 +541,75 @@ func TestCluster(t *testing.T) {
 	}
 	procs = append(procs, shims...)
 
+	// Nothing is left: no process it started, no shim, no mount, no
+	// bridge, no cgroup, no chain or set, no state directory.
+	checked := false
+	leftovers = func() {
+		checked = true
+		// A zombie counts: Close waits for each process it started. A shim's
+		// zombie does not: the shim is reparented (it is not the harness's
+		// child), and reaping it is its new parent's business.
+		shimSet := map[int]bool{}
+		for _, p := range shims {
+			shimSet[p.PID] = true
+		}
+		for _, p := range procs {
+			if s, state, err := procStat(p.PID); err == nil && s == p.Start && !(shimSet[p.PID] && state == 'Z') {
+				t.Errorf("%s (pid %d) is still there (state %c)", p.Name, p.PID, state)
+			}
+		}
+		for _, s := range socks {
+			if _, err := os.Stat(s); err == nil {
+				t.Errorf("a shim's socket is left: %s", s)
+			}
+		}
+		if p := procsNaming(state + "/"); len(p) > 0 {
+			t.Errorf("processes naming %s left (shims?): %v", state, p)
+		}
+		if _, err := os.Stat(stateRecord); err == nil {
+			t.Errorf("%s is left after a clean Close", stateRecord)
+		}
+		if m := MountsUnder(state); len(m) > 0 {
+			t.Errorf("mounts left under %s: %v", state, m)
+		}
+		if _, err := os.Stat(state); !os.IsNotExist(err) {
+			t.Errorf("the state directory %s is still there: %v", state, err)
+		}
+		if LinkExists(bridge) {
+			t.Errorf("the bridge %s is still there", bridge)
+		}
+		if l := podRoutesLeft(); len(l) > 0 {
+			t.Errorf("the pods' rules or routes are left: %v", l)
+		}
+		for _, l := range ports {
+			if LinkExists(l.Attrs().Name) {
+				t.Errorf("the bridge's port %s is still there", l.Attrs().Name)
+			}
+		}
+		if n := newNetns(netnsBefore, podNets); len(n) > 0 {
+			t.Errorf("network namespaces left in /run/netns: %v", n)
+		}
+		if l := CgroupsLeft(cgroot); len(l) > 0 {
+			t.Errorf("cgroups left: %v", l)
+		}
+		entries, _ := os.ReadDir("/var/log/containers")
+		for _, e := range entries {
+			if target, err := os.Readlink(filepath.Join("/var/log/containers", e.Name())); err == nil && strings.HasPrefix(target, state+"/") {
+				t.Errorf("a log link is left: /var/log/containers/%s -> %s", e.Name(), target)
+			}
+		}
+		if l := KubeRouterLeftovers(); len(l) > 0 {
+			t.Errorf("kube-router left: %v", l)
+		}
+	}
 	t2 := time.Now()
 	closed = true
 	if err := c.Close(); err != nil {
 		t.Errorf("Close: %v", err)
 	}
 	t.Logf("Close: %.2fs", time.Since(t2).Seconds())
-
-	// Nothing is left: no process it started, no shim, no mount, no
-	// bridge, no cgroup, no chain or set, no state directory.
-	// A zombie counts: Close waits for each process it started. A shim's
-	// zombie does not: the shim is reparented (it is not the harness's
-	// child), and reaping it is its new parent's business.
-	shimSet := map[int]bool{}
-	for _, p := range shims {
-		shimSet[p.PID] = true
-	}
-	for _, p := range procs {
-		if s, state, err := procStat(p.PID); err == nil && s == p.Start && !(shimSet[p.PID] && state == 'Z') {
-			t.Errorf("%s (pid %d) is still there (state %c)", p.Name, p.PID, state)
-		}
-	}
-	for _, s := range socks {
-		if _, err := os.Stat(s); err == nil {
-			t.Errorf("a shim's socket is left: %s", s)
-		}
-	}
-	if p := procsNaming(state + "/"); len(p) > 0 {
-		t.Errorf("processes naming %s left (shims?): %v", state, p)
-	}
-	if _, err := os.Stat(stateRecord); err == nil {
-		t.Errorf("%s is left after a clean Close", stateRecord)
-	}
-	if m := MountsUnder(state); len(m) > 0 {
-		t.Errorf("mounts left under %s: %v", state, m)
-	}
-	if _, err := os.Stat(state); !os.IsNotExist(err) {
-		t.Errorf("the state directory %s is still there: %v", state, err)
-	}
-	if LinkExists(bridge) {
-		t.Errorf("the bridge %s is still there", bridge)
-	}
-	if l := podRoutesLeft(); len(l) > 0 {
-		t.Errorf("the pods' rules or routes are left: %v", l)
-	}
-	for _, l := range ports {
-		if LinkExists(l.Attrs().Name) {
-			t.Errorf("the bridge's port %s is still there", l.Attrs().Name)
-		}
-	}
-	if n := newNetns(netnsBefore, podNets); len(n) > 0 {
-		t.Errorf("network namespaces left in /run/netns: %v", n)
-	}
-	if l := CgroupsLeft(cgroot); len(l) > 0 {
-		t.Errorf("cgroups left: %v", l)
-	}
-	entries, _ := os.ReadDir("/var/log/containers")
-	for _, e := range entries {
-		if target, err := os.Readlink(filepath.Join("/var/log/containers", e.Name())); err == nil && strings.HasPrefix(target, state+"/") {
-			t.Errorf("a log link is left: /var/log/containers/%s -> %s", e.Name(), target)
-		}
-	}
-	if l := KubeRouterLeftovers(); len(l) > 0 {
-		t.Errorf("kube-router left: %v", l)
+	if !checked {
+		t.Error("Close did not run the leftover checks before letting go of the machine lock")
 	}
 }
 
@@ -616,7 +630,38 @@ func TestStartFails(t *testing.T) {
 		t.Run(step, func(t *testing.T) {
 			state := filepath.Join(t.TempDir(), "state")
 			injected := fmt.Errorf("injected")
-			c, err := Start(context.Background(), Options{StateDir: state, AgentBinary: agent, Logf: t.Logf, fault: func(s string) error {
+			// Nothing is left: checked at the end of the failed Start's
+			// teardown, under the machine lock (once it is let go, another
+			// cluster may make the same names again).
+			checked := false
+			leftovers := func() {
+				checked = true
+				for _, p := range procsNaming(state) {
+					t.Errorf("still runs: %s", p)
+				}
+				if m := MountsUnder(state); len(m) > 0 {
+					t.Errorf("mounts left: %v", m)
+				}
+				if left, _ := os.ReadDir(state); len(left) > 0 {
+					t.Errorf("the state directory is not emptied: %d entries", len(left))
+				}
+				if LinkExists("tai42kt0") {
+					t.Error("the bridge is left")
+				}
+				if l := podRoutesLeft(); len(l) > 0 {
+					t.Errorf("the pods' rules or routes are left: %v", l)
+				}
+				if l := CgroupsLeft("/tai42-kubetest"); len(l) > 0 {
+					t.Errorf("cgroups left: %v", l)
+				}
+				if l := KubeRouterLeftovers(); len(l) > 0 {
+					t.Errorf("kube-router left: %v", l)
+				}
+				if _, err := os.Stat(stateRecord); err == nil {
+					t.Errorf("%s is left", stateRecord)
+				}
+			}
+			c, err := Start(context.Background(), Options{StateDir: state, AgentBinary: agent, Logf: t.Logf, beforeUnlock: leftovers, fault: func(s string) error {
 				if s == step {
 					return injected
 				}
@@ -629,29 +674,8 @@ func TestStartFails(t *testing.T) {
 			if !errors.Is(err, injected) || !strings.Contains(err.Error(), "("+step+")") {
 				t.Errorf("the error is not the injected one naming the step: %v", err)
 			}
-			for _, p := range procsNaming(state) {
-				t.Errorf("still runs: %s", p)
-			}
-			if m := MountsUnder(state); len(m) > 0 {
-				t.Errorf("mounts left: %v", m)
-			}
-			if left, _ := os.ReadDir(state); len(left) > 0 {
-				t.Errorf("the state directory is not emptied: %d entries", len(left))
-			}
-			if LinkExists("tai42kt0") {
-				t.Error("the bridge is left")
-			}
-			if l := podRoutesLeft(); len(l) > 0 {
-				t.Errorf("the pods' rules or routes are left: %v", l)
-			}
-			if l := CgroupsLeft("/tai42-kubetest"); len(l) > 0 {
-				t.Errorf("cgroups left: %v", l)
-			}
-			if l := KubeRouterLeftovers(); len(l) > 0 {
-				t.Errorf("kube-router left: %v", l)
-			}
-			if _, err := os.Stat(stateRecord); err == nil {
-				t.Errorf("%s is left", stateRecord)
+			if !checked {
+				t.Error("the failed Start's teardown did not run the leftover checks before letting go of the machine lock")
 			}
 		})
 	}
