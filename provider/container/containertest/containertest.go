@@ -36,8 +36,10 @@ import (
 // Busybox is the name the busybox test image is imported under.
 const Busybox = "busybox:test"
 
-// env is what Main prepared; skip says why the provider cannot run here.
+// env is what Main prepares; skip says why the provider cannot run here.
+// Its fields but dir are read once ready is closed.
 var env struct {
+	ready  chan struct{}
 	skip   string
 	dir    string
 	agent  string
@@ -46,7 +48,12 @@ var env struct {
 	egress netip.Prefix // net's egress subnet
 }
 
-// Main prepares the shared pieces, runs the tests, and removes them.
+// Main prepares the shared pieces (the agent binary, the image store,
+// the network manager) while the tests run, which wait for them in
+// Require; then it removes them. A preparation still under way when the
+// tests are done is stopped: a test binary whose tests need no session (a
+// benchmark package under go test, a -run that picks none) does not wait
+// for an agent build, nor hold one of go test's -p slots meanwhile.
 func Main(m *testing.M) {
 	code := func() int {
 		dir, err := os.MkdirTemp("", "tai42-containertest-")
@@ -57,18 +64,27 @@ func Main(m *testing.M) {
 		env.dir = dir
 		defer os.RemoveAll(dir)
 		defer func() { _ = escapeprobetest.Cleanup() }() // the escape probe, where a test built it
-		if err := prepare(dir); err != nil {
-			env.skip = err.Error()
-		}
-		if env.net != nil {
-			defer env.net.Close()
-		}
+		ctx, cancel := context.WithCancel(context.Background())
+		env.ready = make(chan struct{})
+		go func() {
+			defer close(env.ready)
+			if err := prepare(ctx, dir); err != nil {
+				env.skip = err.Error()
+			}
+		}()
+		defer func() {
+			cancel()
+			<-env.ready
+			if env.net != nil {
+				_ = env.net.Close()
+			}
+		}()
 		return m.Run()
 	}()
 	os.Exit(code)
 }
 
-func prepare(dir string) error {
+func prepare(ctx context.Context, dir string) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("the container provider needs root (namespaces, mounts, cgroups)")
 	}
@@ -76,7 +92,7 @@ func prepare(dir string) error {
 		return fmt.Errorf("runc is not installed (apt-get install -y runc)")
 	}
 	env.agent = filepath.Join(dir, "tai42")
-	if err := buildtest.Tai42(context.Background(), env.agent, false); err != nil {
+	if err := buildtest.Tai42(ctx, env.agent, false); err != nil {
 		return fmt.Errorf("building the static agent: %w", err)
 	}
 	env.images = filepath.Join(dir, "images")
@@ -88,7 +104,7 @@ func prepare(dir string) error {
 	if err != nil {
 		return fmt.Errorf("the busybox test image: %w", err)
 	}
-	if _, err := store.Import(context.Background(), layout, Busybox); err != nil {
+	if _, err := store.Import(ctx, layout, Busybox); err != nil {
 		return fmt.Errorf("importing the busybox test image: %w", err)
 	}
 	// A prefix and subnets of this process's own: a daemon or another
@@ -113,6 +129,7 @@ func Require(t testing.TB) {
 	if env.dir == "" {
 		t.Fatal("containertest: the test binary's TestMain must call containertest.Main")
 	}
+	<-env.ready
 	if env.skip != "" {
 		t.Skip("container provider: " + env.skip)
 	}
