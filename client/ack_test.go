@@ -37,19 +37,20 @@ func produce(p *wsPeer, size, total int, stop <-chan struct{}, written *atomic.I
 	return ch
 }
 
-// waitStalled waits until written stops growing above floor: the client
-// stopped reading.
-func waitStalled(t *testing.T, written *atomic.Int64, floor int64) {
+// waitStalled waits until written stops growing above floor with h's
+// queue at floor: the client stopped reading at its bound. (A pause of
+// the writer alone, on a loaded machine, is not the client's stop.)
+func waitStalled(t *testing.T, h sandbox.ExecHandle, written *atomic.Int64, floor int64) {
 	t.Helper()
 	var last int64
 	for i := 0; ; i++ {
 		time.Sleep(100 * time.Millisecond)
 		n := written.Load()
-		if n == last && n > floor {
+		if n == last && n > floor && int64(queued(h)) >= floor {
 			return
 		}
 		if i > 100 {
-			t.Fatalf("the fake wrote %d bytes and goes on; want the client to stop reading", n)
+			t.Fatalf("the fake wrote %d bytes (growing: %v), the client queues %d; want the client to stop reading with %d queued", n, n != last, queued(h), floor)
 		}
 		last = n
 	}
@@ -82,7 +83,7 @@ func TestWriteStdinAckBehindOutput(t *testing.T) {
 		_ = p.exit(0)
 		p.closeNormally()
 	})
-	waitStalled(t, &written, StreamBuffer)
+	waitStalled(t, h, &written, StreamBuffer)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
 	defer cancel()
 	err := h.WriteStdin(ctx, []byte("late"))
@@ -126,7 +127,7 @@ func TestStdinAckBoundCapped(t *testing.T) {
 			return
 		}
 	})
-	waitStalled(t, &written, StreamBuffer)
+	waitStalled(t, h, &written, StreamBuffer)
 	if n := queued(h); n < StreamBuffer || n > StreamBuffer+frame {
 		t.Errorf("the queue holds %d bytes with no ack awaited; want the bound, %d", n, StreamBuffer)
 	}
@@ -136,7 +137,7 @@ func TestStdinAckBoundCapped(t *testing.T) {
 		t.Errorf("WriteStdin never acked: %v; want a SandboxError matching context.DeadlineExceeded", err)
 	}
 	// The ack is still awaited (for the next call): the bound stays raised.
-	waitStalled(t, &written, ackBound)
+	waitStalled(t, h, &written, ackBound)
 	if n := queued(h); n < ackBound || n > ackBound+frame {
 		t.Errorf("the queue holds %d bytes while a stdin ack is awaited; want the raised bound, %d", n, ackBound)
 	}
@@ -313,7 +314,7 @@ func TestSessionGoneElsewhere(t *testing.T) {
 	}
 	// A failed test must not hang its cleanup on a fake blocked writing.
 	t.Cleanup(func() { _ = a.(*handle).conn.CloseNow() })
-	waitStalled(t, &writtenA, StreamBuffer)
+	waitStalled(t, a, &writtenA, StreamBuffer)
 	for i := 0; gets.Load() < 3; i++ { // checks every goneEvery; the session is there
 		if i > 100 {
 			t.Fatal("a reader blocked at its bound does not check the session")
@@ -333,7 +334,7 @@ func TestSessionGoneElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = b.(*handle).conn.CloseNow() })
-	waitStalled(t, &writtenB, StreamBuffer)
+	waitStalled(t, b, &writtenB, StreamBuffer)
 	destroyed.Store(true) // by another client
 	select {
 	case <-b.(*handle).done:
