@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -40,7 +41,7 @@ func LockPath() string { return filepath.Join(os.TempDir(), "tai42-build.lock") 
 // as flock(1) opens it, so that every user can lock it); a lock file it
 // cannot open only costs the sharing.
 // ctx ends the build. The error carries the end of the go command's
-// output.
+// output (Go).
 func Tai42(ctx context.Context, out string, cgo bool) error {
 	if f, err := os.OpenFile(LockPath(), os.O_RDONLY|os.O_CREATE, 0o666); err == nil {
 		defer f.Close()
@@ -52,23 +53,31 @@ func Tai42(ctx context.Context, out string, cgo bool) error {
 	if cgo {
 		cgoEnv = "CGO_ENABLED=1"
 	}
-	cmd := exec.CommandContext(ctx, goTool(), "build", "-o", out, Package)
-	cmd.Env = append(os.Environ(), cgoEnv)
-	var buf bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &buf, &buf
+	return Go(ctx, "", append(os.Environ(), cgoEnv), "build", "-o", out, Package)
+}
+
+// Go runs the go command with args in dir ("": this process's) and env,
+// and returns its failure with the end of its output: what every test
+// harness that builds with Go runs.
+func Go(ctx context.Context, dir string, env []string, args ...string) error {
+	cmd := exec.CommandContext(ctx, GoTool(), args...)
+	cmd.Dir, cmd.Env = dir, env
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		b := buf.Bytes()
+		b := out.Bytes()
 		if len(b) > 4096 {
 			b = b[len(b)-4096:]
 		}
-		return fmt.Errorf("go build -o %s %s (%s): %w\n%s", out, Package, cgoEnv, err, b)
+		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, b)
 	}
 	return nil
 }
 
-// goTool is the go command: PATH's (go test puts its own first), else the
-// usual install's.
-func goTool() string {
+// GoTool is the go command: PATH's (go test puts its own first), else the
+// usual install's (CI adds /usr/local/go/bin to PATH; a test's
+// environment may not).
+func GoTool() string {
 	if p, err := exec.LookPath("go"); err == nil {
 		return p
 	}

@@ -4,6 +4,7 @@
 package escapeprobetest
 
 import (
+	"context"
 	"debug/elf"
 	"errors"
 	"fmt"
@@ -13,6 +14,8 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+
+	"github.com/tai42/sandbox/internal/buildtest"
 )
 
 // probePackage is the probe's import path; go build resolves it from the
@@ -69,8 +72,7 @@ func BuildFor(t testing.TB, goarch string) string {
 }
 
 func build(goarch string) (path, skip string, err error) {
-	gobin, err := exec.LookPath("go")
-	if err != nil {
+	if _, err := exec.LookPath("go"); err != nil {
 		return "", "escape probe: no go command on PATH to build it with: " + err.Error(), nil
 	}
 	mu.Lock()
@@ -83,10 +85,9 @@ func build(goarch string) (path, skip string, err error) {
 		return "", "", fmt.Errorf("escape probe: temporary directory: %w", err)
 	}
 	out := filepath.Join(d, "escapeprobe-"+goarch)
-	cmd := exec.Command(gobin, "build", "-trimpath", "-o", out, probePackage)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+goarch)
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		return "", "", fmt.Errorf("escape probe: %s: %w\n%s", cmd, err, msg)
+	env := append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+goarch)
+	if err := buildtest.Go(context.Background(), "", env, "build", "-trimpath", "-o", out, probePackage); err != nil {
+		return "", "", fmt.Errorf("escape probe: %w", err)
 	}
 	if err := checkStatic(out); err != nil {
 		return "", "", fmt.Errorf("escape probe: %s: %w", out, err)

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tai42/sandbox/internal/buildtest"
 	"github.com/tai42/sandbox/internal/flock"
 )
 
@@ -138,32 +139,6 @@ func goEnv(extra ...string) []string {
 	return append(env, extra...)
 }
 
-// goCmd runs the go command in dir and returns its error with the end of
-// its output.
-func goCmd(ctx context.Context, dir string, env []string, args ...string) error {
-	cmd := exec.CommandContext(ctx, goTool(), args...)
-	cmd.Dir, cmd.Env = dir, env
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		b := out.Bytes()
-		if len(b) > 4096 {
-			b = b[len(b)-4096:]
-		}
-		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, b)
-	}
-	return nil
-}
-
-// goTool is the go command: PATH's, else the usual install's (CI adds
-// /usr/local/go/bin to PATH; a test's environment may not).
-func goTool() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return "/usr/local/go/bin/go"
-}
-
 var stagingLine = regexp.MustCompile(`^\s*(k8s\.io/[A-Za-z0-9._-]+)\s+=>\s+\./staging/`)
 
 // buildKubernetes writes the wrapper module in dir/kbuild and builds
@@ -176,7 +151,7 @@ func buildKubernetes(ctx context.Context, dir, bin string) error {
 	}
 	env := goEnv()
 	// The kubernetes go.mod, from the module cache (downloaded if not there).
-	cmd := exec.CommandContext(ctx, goTool(), "mod", "download", "-json", "k8s.io/kubernetes@"+KubernetesVersion)
+	cmd := exec.CommandContext(ctx, buildtest.GoTool(), "mod", "download", "-json", "k8s.io/kubernetes@"+KubernetesVersion)
 	cmd.Dir, cmd.Env = mod, env
 	out, err := cmd.Output()
 	if err != nil {
@@ -223,7 +198,7 @@ func buildKubernetes(ctx context.Context, dir, bin string) error {
 	if err := os.WriteFile(filepath.Join(mod, "kube-router", "main.go"), []byte(kubeRouterSource), 0o644); err != nil {
 		return err
 	}
-	if err := goCmd(ctx, mod, env, "mod", "tidy"); err != nil {
+	if err := buildtest.Go(ctx, mod, env, "mod", "tidy"); err != nil {
 		return err
 	}
 	minor := strings.Split(strings.TrimPrefix(KubernetesVersion, "v"), ".")[1]
@@ -233,7 +208,7 @@ func buildKubernetes(ctx context.Context, dir, bin string) error {
 		args = append(args, "k8s.io/kubernetes/cmd/"+c)
 	}
 	args = append(args, "./kube-router")
-	return goCmd(ctx, mod, env, args...)
+	return buildtest.Go(ctx, mod, env, args...)
 }
 
 // kubeRouterSource is the harness's kube-router: kube-router's
@@ -393,5 +368,5 @@ func buildPause(ctx context.Context, dir, bin string) error {
 	if err := os.WriteFile(filepath.Join(src, "main.go"), []byte(pauseSource), 0o644); err != nil {
 		return err
 	}
-	return goCmd(ctx, src, goEnv(), "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(bin, "pause"), ".")
+	return buildtest.Go(ctx, src, goEnv(), "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(bin, "pause"), ".")
 }

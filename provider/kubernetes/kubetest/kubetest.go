@@ -187,7 +187,7 @@ func CanRun() string {
 			" (apt-get install etcd-server containerd runc containernetworking-plugins iptables ipset busybox-static docker-registry)"
 	}
 	if _, err := exec.LookPath("go"); err != nil {
-		if _, err := os.Stat(goTool()); err != nil {
+		if _, err := os.Stat(buildtest.GoTool()); err != nil {
 			return "kubetest: no go command to build the cluster's binaries"
 		}
 	}
@@ -577,7 +577,7 @@ func ModuleRoot() (string, error) {
 		}
 	}
 	// Built with -trimpath: ask go for the module of the working directory.
-	out, err := exec.Command(goTool(), "env", "GOMOD").Output()
+	out, err := exec.Command(buildtest.GoTool(), "env", "GOMOD").Output()
 	if err != nil {
 		return "", fmt.Errorf("finding the module root: %w", err)
 	}
