@@ -69,3 +69,21 @@ func TestTai42WaitsForTheLock(t *testing.T) {
 		t.Fatalf("the lock after Tai42 gave up: %v; want it still held by its holder", err)
 	}
 }
+
+// TestWithBuildGOGC: GOGC is added where env has none, without writing into
+// the caller's slice; a GOGC of the caller's stays.
+func TestWithBuildGOGC(t *testing.T) {
+	env := make([]string, 1, 4)
+	env[0] = "PATH=/bin"
+	got := WithBuildGOGC(env)
+	if len(got) != 2 || got[1] != "GOGC="+BuildGOGC {
+		t.Errorf("WithBuildGOGC(%q) = %q; want GOGC=%s added", env, got, BuildGOGC)
+	}
+	if extra := env[:2]; extra[1] != "" {
+		t.Errorf("WithBuildGOGC wrote %q into the caller's slice", extra[1])
+	}
+	own := []string{"GOGC=50", "PATH=/bin"}
+	if got := WithBuildGOGC(own); len(got) != 2 || got[0] != "GOGC=50" {
+		t.Errorf("WithBuildGOGC(%q) = %q; want it unchanged", own, got)
+	}
+}
