@@ -205,26 +205,32 @@ func (w *worker) fail(op string, err error) {
 }
 
 // run loops over the mix until the run's ctx is done, then destroys its
-// session.
-func (w *worker) run(ctx context.Context, pause time.Duration) {
+// session. The workers' first steps are the mix's in turn, dealt out
+// among the workers (worker i takes steps i, i+workers, ...), so that a
+// short run on a loaded machine still takes every step at least once.
+func (w *worker) run(ctx context.Context, pause time.Duration, workers int) {
 	total := 0
 	for _, m := range mix {
 		total += m.weight
 	}
-	for ctx.Err() == nil {
+	for next := w.id; ctx.Err() == nil; next += workers {
 		if w.sess == nil {
 			if err := w.create(); err != nil {
 				sleepCtx(ctx, time.Second) // the error is counted; don't spin
 				continue
 			}
 		}
-		r := w.rng.IntN(total)
-		for _, m := range mix {
-			if r < m.weight {
-				_ = m.step(w) // counted by call
-				break
+		if next < len(mix) {
+			_ = mix[next].step(w) // counted by call
+		} else {
+			r := w.rng.IntN(total)
+			for _, m := range mix {
+				if r < m.weight {
+					_ = m.step(w)
+					break
+				}
+				r -= m.weight
 			}
-			r -= m.weight
 		}
 		if pause > 0 {
 			sleepCtx(ctx, time.Duration(w.rng.Int64N(int64(2*pause))))

@@ -230,7 +230,7 @@ func run(ctx context.Context, c config, stdout, stderr io.Writer) int {
 	for i := range workers {
 		w := &worker{l: l, id: i, rng: rand.New(rand.NewPCG(c.seed, uint64(i))), st: newStats(), key: fmt.Sprintf("soak-w%03d", i)}
 		workers[i] = w
-		wg.Go(func() { w.run(runCtx, c.pause) })
+		wg.Go(func() { w.run(runCtx, c.pause, len(workers)) })
 	}
 	tick := time.NewTicker(c.interval)
 	for runCtx.Err() == nil && !daemonGone {
