@@ -23,6 +23,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -148,10 +149,11 @@ func New(sb sandbox.Sandbox, opts Options) *Server {
 
 const instructions = `Disposable sandbox sessions: create_session, then run commands (run), move files (write_file, read_file, list_dir), and start long-running servers or jobs (start_process, read_process_output, write_process_stdin, kill_process). Paths and cwd are relative to the session's workspace. Sessions made here are destroyed when this connection ends unless persistent; every session also expires after its ttl_seconds unless touched.`
 
-// RunStdio serves one connection over stdin and stdout until the client
-// closes it or ctx ends, then destroys the connection's sessions.
-func (s *Server) RunStdio(ctx context.Context) error {
-	err := s.mcp.Run(ctx, &mcp.StdioTransport{MaxLineLength: s.opts.MaxMessageBytes})
+// ServeIO serves one connection over r and w (a process's stdin and
+// stdout: the stdio transport, newline-delimited JSON-RPC) until the
+// client closes r or ctx ends, then destroys the connection's sessions.
+func (s *Server) ServeIO(ctx context.Context, r io.Reader, w io.Writer) error {
+	err := s.mcp.Run(ctx, &mcp.IOTransport{Reader: io.NopCloser(r), Writer: nopWriteCloser{w}, MaxLineLength: s.opts.MaxMessageBytes})
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), connectionCleanupTimeout)
 	defer cancel()
 	if cerr := s.Close(cctx); err == nil || errors.Is(err, context.Canceled) {
@@ -159,6 +161,10 @@ func (s *Server) RunStdio(ctx context.Context) error {
 	}
 	return err
 }
+
+type nopWriteCloser struct{ io.Writer }
+
+func (nopWriteCloser) Close() error { return nil }
 
 // HTTPHandler serves the Streamable HTTP transport, one connection per MCP
 // session. It does no authentication: mount it behind the daemon's.

@@ -21,6 +21,9 @@ import (
 // routeUnknown is the route label of a request that matched no route.
 const routeUnknown = "unknown"
 
+// MCPPath is where Options.MCP is served.
+const MCPPath = "/mcp"
+
 // reqState is what one request's handlers tell the log line and the
 // metrics. It is written by the request's own goroutine only.
 type reqState struct {
@@ -105,6 +108,9 @@ func (s *Server) routes() (_ http.Handler, err error) {
 		slices.Sort(extra)
 		return nil, fmt.Errorf("server: handlers without a route in api.Routes: %s", strings.Join(extra, ", "))
 	}
+	if s.mcp != nil {
+		mux.Handle(MCPPath, s.route(api.Route{Path: MCPPath, OperationID: "mcp"}, s.mcp.ServeHTTP))
+	}
 	// A method-less pattern per path would conflict with a wildcard route
 	// of another method ("/v1/images/pull" with "DELETE
 	// /v1/images/{name...}"), so the one fallback finds the methods by
@@ -153,6 +159,7 @@ var bodyRoutes = map[string]bool{
 	"exec":          true,
 	"putFile":       false,
 	"pullImage":     true,
+	"mcp":           true,
 }
 
 // route wraps one route's handler: it names the route for the log and the

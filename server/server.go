@@ -86,6 +86,9 @@ type Options struct {
 	// Registry receives the server's metrics and is served at /metrics; nil
 	// means a fresh registry owned by this Server.
 	Registry *prometheus.Registry
+	// MCP, when set, is served at /mcp (every method) behind the token:
+	// the MCP server's Streamable HTTP transport (package mcpserver).
+	MCP http.Handler
 	// ShutdownGrace is how long, at shutdown, in-flight requests and
 	// interactive execs may finish before their execs are killed; 0 means
 	// [DefaultShutdownGrace].
@@ -110,6 +113,7 @@ type Server struct {
 	log      *slog.Logger
 	reg      *prometheus.Registry
 	met      *metrics
+	mcp      http.Handler
 	handler  http.Handler
 
 	// inflight counts running handlers, interactive execs included (they
@@ -161,6 +165,7 @@ func New(sb sandbox.Sandbox, opts Options) (*Server, error) {
 		grace:    opts.ShutdownGrace,
 		log:      opts.Logger,
 		reg:      opts.Registry,
+		mcp:      opts.MCP,
 		hardStop: make(chan struct{}),
 		timing:   defaultTiming,
 	}

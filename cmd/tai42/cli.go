@@ -119,7 +119,7 @@ with --json for programs.`,
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.AddCommand(
-		c.runCmd(), c.serveCmd(),
+		c.runCmd(), c.serveCmd(), c.mcpCmd(),
 		c.createCmd(), c.lsCmd(), c.execCmd(), c.shellCmd(), c.cpCmd(),
 		c.touchCmd(), c.rmCmd(), c.reapCmd(), c.workspaceCmd(),
 		c.imageCmd(), c.agentImageCmd(),

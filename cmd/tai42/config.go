@@ -16,6 +16,7 @@ import (
 	"github.com/tai42/sandbox/api"
 	"github.com/tai42/sandbox/internal/egressdns"
 	"github.com/tai42/sandbox/kit"
+	"github.com/tai42/sandbox/mcpserver"
 	"github.com/tai42/sandbox/provider/container"
 	"github.com/tai42/sandbox/provider/kubernetes"
 )
@@ -31,6 +32,7 @@ const (
 	defaultLogLevel       = "info"
 	defaultLogFormat      = "json"
 	defaultMaxOutputBytes = kit.DefaultMaxOutputBytes
+	defaultMCPResultBytes = mcpserver.DefaultMaxResultBytes
 	defaultDiskMB         = 10240
 	defaultDiskReserveMB  = 1024
 )
@@ -54,6 +56,7 @@ type serveFlags struct {
 	shutdownGrace   time.Duration
 	maxBodyBytes    int64
 	maxOutputBytes  int64
+	mcpResultBytes  int
 	policyEgress    string
 	policyIsolation string
 	policyDurable   bool
@@ -88,6 +91,7 @@ func addServeFlags(fl *pflag.FlagSet, f *serveFlags) {
 	fl.DurationVar(&f.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "on SIGTERM/SIGINT, how long requests in flight may finish")
 	fl.Int64Var(&f.maxBodyBytes, "max-body-bytes", defaultMaxBodyBytes, "the largest request body (a file put) accepted, in bytes")
 	fl.Int64Var(&f.maxOutputBytes, "max-output-bytes", defaultMaxOutputBytes, "the most output per stream a non-interactive exec holds in memory, in bytes")
+	fl.IntVar(&f.mcpResultBytes, "mcp-max-result-bytes", defaultMCPResultBytes, "the most output one MCP tool result (at /mcp) carries, in bytes; past it the result says so and where the rest is")
 	fl.StringVar(&f.policyEgress, "policy-egress", string(defaultPolicy.Egress), "policy: the loosest network a session may have (none, internal, egress)")
 	fl.StringVar(&f.policyIsolation, "policy-isolation", string(defaultPolicy.Isolation), "policy: the weakest isolation a session may have (none, container, vm)")
 	fl.BoolVar(&f.policyDurable, "policy-durable", defaultPolicy.Durable, "policy: allow persistent sessions")
@@ -136,6 +140,7 @@ var serveSettings = append([]setting{
 	{"policy-scrub-transcript", "TAI42_POLICY_SCRUB_TRANSCRIPT", "policy.scrub_transcript"},
 	{"max-body-bytes", "TAI42_MAX_BODY_BYTES", "limits.max_body_bytes"},
 	{"max-output-bytes", "TAI42_MAX_OUTPUT_BYTES", "limits.max_output_bytes"},
+	{"mcp-max-result-bytes", "TAI42_MCP_MAX_RESULT_BYTES", "limits.mcp_max_result_bytes"},
 	{"shutdown-grace", "TAI42_SHUTDOWN_GRACE", "limits.shutdown_grace"},
 	{"egress-allow", "TAI42_EGRESS_ALLOW", "egress.allow"},
 	{"egress-deny", "TAI42_EGRESS_DENY", "egress.deny"},
@@ -170,9 +175,10 @@ type fileConfig struct {
 		ScrubTranscript *bool   `toml:"scrub_transcript"`
 	} `toml:"policy"`
 	Limits struct {
-		MaxBodyBytes   *int64  `toml:"max_body_bytes"`
-		MaxOutputBytes *int64  `toml:"max_output_bytes"`
-		ShutdownGrace  *string `toml:"shutdown_grace"`
+		MaxBodyBytes      *int64  `toml:"max_body_bytes"`
+		MaxOutputBytes    *int64  `toml:"max_output_bytes"`
+		MCPMaxResultBytes *int64  `toml:"mcp_max_result_bytes"`
+		ShutdownGrace     *string `toml:"shutdown_grace"`
 	} `toml:"limits"`
 	Egress struct {
 		Allow        []string `toml:"allow"`
@@ -242,7 +248,7 @@ func loadConfigFile(path string) (map[string]string, error) {
 		for i, k := range und {
 			keys[i] = k.String()
 		}
-		return nil, fmt.Errorf("config file %s: unknown key(s) %s (known: listen, state_dir, provider, runtime, net_prefix, token_file, exec_default_timeout, reap_interval, log_level, log_format, [tls] cert and key, [policy] egress, isolation, durable and scrub_transcript, [limits] max_body_bytes, max_output_bytes and shutdown_grace, [egress] allow, deny, allow_domains and dns, [disk] mb, inodes and reserve_mb, [images] pull and max_size, [registry] mirrors and insecure, [kubernetes] kubeconfig, namespace, agent_image, pod_user, runtime_class, image_pull_secrets, storage_class, create_timeout, network_probe_image, trust_network_policy and workspace_size)",
+		return nil, fmt.Errorf("config file %s: unknown key(s) %s (known: listen, state_dir, provider, runtime, net_prefix, token_file, exec_default_timeout, reap_interval, log_level, log_format, [tls] cert and key, [policy] egress, isolation, durable and scrub_transcript, [limits] max_body_bytes, max_output_bytes, mcp_max_result_bytes and shutdown_grace, [egress] allow, deny, allow_domains and dns, [disk] mb, inodes and reserve_mb, [images] pull and max_size, [registry] mirrors and insecure, [kubernetes] kubeconfig, namespace, agent_image, pod_user, runtime_class, image_pull_secrets, storage_class, create_timeout, network_probe_image, trust_network_policy and workspace_size)",
 			path, strings.Join(keys, ", "))
 	}
 	out := map[string]string{}
@@ -296,8 +302,14 @@ func loadConfigFile(path string) (map[string]string, error) {
 			out[key] = strings.Join(v, ",")
 		}
 	}
-	for key, v := range map[string]*int64{"limits.max_body_bytes": fc.Limits.MaxBodyBytes, "limits.max_output_bytes": fc.Limits.MaxOutputBytes,
-		"disk.mb": fc.Disk.MB, "disk.inodes": fc.Disk.Inodes, "disk.reserve_mb": fc.Disk.ReserveMB} {
+	for key, v := range map[string]*int64{
+		"limits.max_body_bytes":       fc.Limits.MaxBodyBytes,
+		"limits.max_output_bytes":     fc.Limits.MaxOutputBytes,
+		"limits.mcp_max_result_bytes": fc.Limits.MCPMaxResultBytes,
+		"disk.mb":                     fc.Disk.MB,
+		"disk.inodes":                 fc.Disk.Inodes,
+		"disk.reserve_mb":             fc.Disk.ReserveMB,
+	} {
 		if v != nil {
 			out[key] = strconv.FormatInt(*v, 10)
 		}
@@ -328,6 +340,7 @@ type serveConfig struct {
 	shutdownGrace  time.Duration
 	maxBodyBytes   int64
 	maxOutputBytes int64
+	mcpResultBytes int
 	policy         sandbox.Policy
 	logLevel       slog.Level
 	logFormat      string
@@ -536,6 +549,7 @@ func (f *serveFlags) validate(lookupEnv func(string) (string, bool)) (serveConfi
 		shutdownGrace:  f.shutdownGrace,
 		maxBodyBytes:   f.maxBodyBytes,
 		maxOutputBytes: f.maxOutputBytes,
+		mcpResultBytes: f.mcpResultBytes,
 		policy: sandbox.Policy{
 			Egress:          sandbox.Network(f.policyEgress),
 			Isolation:       sandbox.Isolation(f.policyIsolation),
@@ -563,6 +577,8 @@ func (f *serveFlags) validate(lookupEnv func(string) (string, bool)) (serveConfi
 		return serveConfig{}, fmt.Errorf("max body bytes must be > 0, got %d", f.maxBodyBytes)
 	case f.maxOutputBytes <= 0:
 		return serveConfig{}, fmt.Errorf("max output bytes must be > 0, got %d", f.maxOutputBytes)
+	case f.mcpResultBytes <= 0:
+		return serveConfig{}, fmt.Errorf("MCP max result bytes must be > 0, got %d", f.mcpResultBytes)
 	case (f.tlsCert == "") != (f.tlsKey == ""):
 		return serveConfig{}, errors.New("TLS needs both a certificate and a key (--tls-cert and --tls-key), or neither")
 	case f.logFormat != "json" && f.logFormat != "text":

@@ -56,7 +56,7 @@ func TestExampleConfigLoads(t *testing.T) {
 	want := serveConfig{
 		configFile: filepath.Join("example", "tai42.toml"), listen: "127.0.0.1:4242", stateDir: "/var/lib/tai42", provider: "host", runtime: "runc",
 		execTimeout: time.Minute, reapInterval: 30 * time.Second, shutdownGrace: 10 * time.Second,
-		maxBodyBytes: 1 << 30, maxOutputBytes: 64 << 20,
+		maxBodyBytes: 1 << 30, maxOutputBytes: 64 << 20, mcpResultBytes: 64 << 10,
 		policy:   sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationNone, Durable: true},
 		logLevel: slog.LevelInfo, logFormat: "json",
 		disk:   diskConfig{mb: 10240, reserveMB: 1024, resolved: true},

@@ -18,6 +18,7 @@ import (
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/flock"
 	"github.com/tai42/sandbox/kit"
+	"github.com/tai42/sandbox/mcpserver"
 	"github.com/tai42/sandbox/provider/host"
 	"github.com/tai42/sandbox/provider/kubernetes"
 	"github.com/tai42/sandbox/server"
@@ -65,6 +66,7 @@ the file are relative to its directory. Unknown keys are an error.
   --policy-scrub-transcript  TAI42_POLICY_SCRUB_TRANSCRIPT  [policy] scrub_transcript
   --max-body-bytes           TAI42_MAX_BODY_BYTES           [limits] max_body_bytes
   --max-output-bytes         TAI42_MAX_OUTPUT_BYTES         [limits] max_output_bytes
+  --mcp-max-result-bytes     TAI42_MCP_MAX_RESULT_BYTES     [limits] mcp_max_result_bytes
   --shutdown-grace           TAI42_SHUTDOWN_GRACE           [limits] shutdown_grace
   --pull                     TAI42_PULL                     [images] pull
   --max-image-size           TAI42_MAX_IMAGE_SIZE           [images] max_size
@@ -103,6 +105,11 @@ directory: several daemons may serve one namespace, each serving every
 session in it, one of them reaping (a Lease); a daemon killed loses none.
 The cluster pulls the sessions' images (--image-pull-secret): the image
 settings above have no effect on it.
+
+MCP: the daemon serves its sessions to agents as Model Context Protocol
+tools at /mcp (the Streamable HTTP transport), behind the same token; a
+connection's sessions end with it. "tai42 mcp" is the same server over
+stdio.
 
 Durations are Go durations ("90s", "5m"). An example config file with every
 key is cmd/tai42/example/tai42.toml in the source tree.
@@ -249,6 +256,17 @@ func (c *cli) serve(cfg serveConfig) error {
 	if err := registerEgressMetrics(reg, sb); err != nil {
 		return fail(err)
 	}
+	mcpSrv := mcpserver.New(sb, mcpserver.Options{Version: buildVersion(), MaxResultBytes: cfg.mcpResultBytes,
+		MaxMessageBytes: int(min(cfg.maxBodyBytes, mcpserver.DefaultMaxMessageBytes)), Logger: log})
+	// Before the sandbox closes: the MCP connections' sessions are
+	// destroyed with them.
+	defer func() {
+		cctx, done := cleanupContext(ctx)
+		defer done()
+		if err := mcpSrv.Close(cctx); err != nil {
+			log.Error("closing the MCP connections", "err", err)
+		}
+	}()
 	srv, err = server.New(sb, server.Options{
 		Token:         token,
 		Policy:        cfg.policy,
@@ -260,6 +278,7 @@ func (c *cli) serve(cfg serveConfig) error {
 		MaxBodyBytes:  cfg.maxBodyBytes,
 		Logger:        log,
 		ShutdownGrace: cfg.shutdownGrace,
+		MCP:           mcpSrv.HTTPHandler(),
 	})
 	if err != nil {
 		return fail(err)
