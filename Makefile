@@ -5,8 +5,9 @@
 #   make lint             golangci-lint (.golangci.yml, govet included) at zero findings
 #   make test             every test and the lint, in four lanes side by side: the Go tests
 #                         that need no cluster, then the crash test; the kubernetes packages'
-#                         on the kubetest cluster, then the two-daemon test; the Python half;
-#                         the lint (at a lower CPU priority)
+#                         on the kubetest cluster, then the two-daemon test; the Python half,
+#                         then the official MCP TypeScript SDK's client against tai42's MCP
+#                         server; the lint (at a lower CPU priority)
 #   make test-go          every Go test under -race (test-go-local, then test-go-kube)
 #   make crash            the crash test's quick mode (5 rounds per provider)
 #   make kube-daemons     the two-daemon test on the kubetest cluster (as root, about 4 minutes)
@@ -46,7 +47,7 @@ GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lin
 KUBE_PKGS = ./provider/kubernetes/... ./bench/kubernetes/
 KUBE_BUILD = if [ "$$(id -u)" = 0 ]; then GOGC=$(BUILD_GOGC) $(GO) run ./provider/kubernetes/kubetest/cmd/kubecluster build; fi
 
-.PHONY: build lint test test-go test-go-local test-go-kube test-python crash kube-daemons kube-binaries ci bench-run bench-api bench-container bench-python bench-pull bench-kubernetes fmt
+.PHONY: build lint test test-go test-go-local test-go-kube test-python test-mcp-node crash kube-daemons kube-binaries ci bench-run bench-api bench-container bench-python bench-pull bench-kubernetes fmt
 
 build:
 	$(GO) build -o tai42 ./cmd/tai42
@@ -64,9 +65,10 @@ lint:
 # Every test and the lint, in four lanes side by side: the Go tests that
 # need no cluster, then the crash test; the kubernetes packages' (on the
 # kubetest cluster, its binaries built first), then the two-daemon test;
-# the Python half; the lint. On a cold machine they are minutes of
-# compiling each, and then mostly waiting (on sessions, Pods, daemons):
-# side by side, one lane's waiting is another's CPU. The lint yields the
+# the Python half, then the MCP TypeScript client's test; the lint. On a
+# cold machine they are minutes of compiling each, and then mostly waiting
+# (on sessions, Pods, daemons): side by side, one lane's waiting is
+# another's CPU. The lint yields the
 # CPU to the others (nice): its result is needed only at the end, the
 # cluster's binaries (built meanwhile by .ci/run) are needed first. The
 # Python half waits for those binaries too (kube-binaries): its clauses
@@ -75,7 +77,7 @@ lint:
 # others' are kept in files and printed once every lane is done; any lane
 # failing fails it.
 test:
-	@$(LANES) "test-go-local crash" "test-go-kube kube-daemons" "kube-binaries test-python" "lint NICE=nice"
+	@$(LANES) "test-go-local crash" "test-go-kube kube-daemons" "kube-binaries test-python test-mcp-node" "lint NICE=nice"
 
 # LANES A B...: make -k of each list of targets, in order, the lists side
 # by side.
@@ -108,6 +110,12 @@ kube-binaries:
 
 test-python:
 	python/test.sh
+
+# The official MCP TypeScript SDK's client (from npm, at the version
+# mcpserver/clients/node/package-lock.json pins) driving "tai42 mcp" and a
+# daemon's /mcp; the Python SDK's client is in python/test.sh's tests.
+test-mcp-node:
+	mcpserver/clients/node/test.sh
 
 # The crash test (build tag crash, so not in test-go): "tai42 serve" killed
 # with SIGKILL under load and restarted on its state directory, for the host
