@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8s "k8s.io/client-go/kubernetes"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
@@ -60,6 +62,49 @@ type reaperLease struct {
 	done     chan struct{}
 	once     sync.Once
 	elector  atomic.Pointer[leaderelection.LeaderElector]
+	writes   *leaseWrites
+}
+
+// leaseWrites wraps the election's Lease client to tell Close whether a
+// write of the election's was cut off (its context ended before the
+// answer): the apiserver may still apply it after the cut, and name this
+// elector in the Lease after Close looked.
+type leaseWrites struct {
+	coordinationv1client.LeasesGetter
+	cut atomic.Bool
+}
+
+func (w *leaseWrites) Leases(ns string) coordinationv1client.LeaseInterface {
+	return leaseWriter{w.LeasesGetter.Leases(ns), w}
+}
+
+type leaseWriter struct {
+	coordinationv1client.LeaseInterface
+	w *leaseWrites
+}
+
+func (l leaseWriter) Create(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error) {
+	r, err := l.LeaseInterface.Create(ctx, lease, opts)
+	l.w.note(ctx, err)
+	return r, err
+}
+
+func (l leaseWriter) Update(ctx context.Context, lease *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error) {
+	r, err := l.LeaseInterface.Update(ctx, lease, opts)
+	l.w.note(ctx, err)
+	return r, err
+}
+
+// note records a write's end: cut off, or answered (a later answered
+// write means an earlier cut one can no longer land: its resourceVersion
+// is stale).
+func (w *leaseWrites) note(ctx context.Context, err error) {
+	switch {
+	case err != nil && ctx.Err() != nil:
+		w.cut.Store(true)
+	case err == nil:
+		w.cut.Store(false)
+	}
 }
 
 // newReaperLease starts the election for Lease LeaseName in namespace ns.
@@ -78,10 +123,11 @@ func newReaperLease(client k8s.Interface, ns string, o leaseOptions) (*reaperLea
 	if o.Identity == "" {
 		o.Identity = leaseIdentity()
 	}
-	l := &reaperLease{client: client, ns: ns, release: !o.noRelease, bound: o.RenewDeadline, identity: o.Identity, done: make(chan struct{})}
+	l := &reaperLease{client: client, ns: ns, release: !o.noRelease, bound: o.RenewDeadline, identity: o.Identity, done: make(chan struct{}),
+		writes: &leaseWrites{LeasesGetter: client.CoordinationV1()}}
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Name: LeaseName, Namespace: ns},
-		Client:     client.CoordinationV1(),
+		Client:     l.writes,
 		LockConfig: resourcelock.ResourceLockConfig{Identity: o.Identity},
 		Labels:     map[string]string{LabelManaged: ManagedBy},
 	}
@@ -178,26 +224,52 @@ func (l *reaperLease) Close() error {
 // Close that cancels the election while an acquire's update is in flight
 // leaves the Lease taken (the apiserver applied it; client-go saw the
 // cancel and, not leading, releases nothing), and the next daemon would
-// wait a whole LeaseDuration. The update is conditional on what was read.
+// wait a whole LeaseDuration. A write the cancel cut off may land after
+// the first look: then it looks again, for up to landWait. The update is
+// conditional on what was read; a conflict reads again.
 func (l *reaperLease) releaseStranded() error {
 	ctx, cancel := context.WithTimeout(context.Background(), l.bound)
 	defer cancel()
+	watchUntil := time.Now().Add(min(l.bound, landWait))
 	leases := l.client.CoordinationV1().Leases(l.ns)
-	lease, err := leases.Get(ctx, LeaseName, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil
+	for {
+		lease, err := leases.Get(ctx, LeaseName, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err) && !l.writes.cut.Load():
+			return nil
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			return fmt.Errorf("kubernetes: reading the reaper's Lease %s/%s to release it: %w", l.ns, LeaseName, err)
+		case lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity == l.identity:
+			lease.Spec.HolderIdentity = nil
+			one := int32(1)
+			lease.Spec.LeaseDurationSeconds = &one
+			_, err := leases.Update(ctx, lease, metav1.UpdateOptions{})
+			switch {
+			case err == nil || apierrors.IsNotFound(err):
+				return nil
+			case apierrors.IsConflict(err):
+				continue // written meanwhile: read again
+			}
+			return fmt.Errorf("kubernetes: releasing the reaper's Lease %s/%s: %w", l.ns, LeaseName, err)
+		case !l.writes.cut.Load():
+			return nil
+		}
+		if time.Now().After(watchUntil) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(landPoll):
+		}
 	}
-	if err != nil {
-		return fmt.Errorf("kubernetes: reading the reaper's Lease %s/%s to release it: %w", l.ns, LeaseName, err)
-	}
-	if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != l.identity {
-		return nil
-	}
-	lease.Spec.HolderIdentity = nil
-	one := int32(1)
-	lease.Spec.LeaseDurationSeconds = &one
-	if _, err := leases.Update(ctx, lease, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("kubernetes: releasing the reaper's Lease %s/%s: %w", l.ns, LeaseName, err)
-	}
-	return nil
 }
+
+// landWait bounds how long a Close watches for a cut-off write to land,
+// looking every landPoll: an apiserver applies a write it got well within
+// that, or never.
+const (
+	landWait = 3 * time.Second
+	landPoll = 100 * time.Millisecond
+)

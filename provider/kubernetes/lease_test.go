@@ -5,9 +5,11 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8s "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 )
 
@@ -145,5 +147,44 @@ func TestLedgerReaping(t *testing.T) {
 	}
 	if h := got.Spec.HolderIdentity; h != nil && *h != "" {
 		t.Fatalf("after the ledger's Close the Lease is held by %s", *h)
+	}
+}
+
+// TestLeaseReleaseCutWrite: a write of the election's that Close cut off
+// and that the apiserver applies afterwards, naming this elector, is
+// still released: Close looks again while such a write may land.
+func TestLeaseReleaseCutWrite(t *testing.T) {
+	client := fake.NewClientset()
+	l := &reaperLease{client: client, ns: "ns", release: true, bound: 5 * time.Second, identity: "me",
+		writes: &leaseWrites{LeasesGetter: client.CoordinationV1()}}
+	// The election's acquire, cut off by the cancel.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	l.writes.note(ctx, context.Canceled)
+	// It lands 300 ms later.
+	me := "me"
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_, _ = client.CoordinationV1().Leases("ns").Create(context.Background(), &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: LeaseName, Namespace: "ns"},
+			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &me}}, metav1.CreateOptions{})
+	}()
+	if err := l.releaseStranded(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := client.CoordinationV1().Leases("ns").Get(context.Background(), LeaseName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.HolderIdentity != nil {
+		t.Errorf("the Lease is still held by %q", *got.Spec.HolderIdentity)
+	}
+
+	// Nothing cut off, nothing there: Close returns at once.
+	l2 := &reaperLease{client: fake.NewClientset(), ns: "ns", release: true, bound: 5 * time.Second, identity: "me",
+		writes: &leaseWrites{}}
+	start := time.Now()
+	if err := l2.releaseStranded(); err != nil || time.Since(start) > time.Second {
+		t.Errorf("release with nothing cut: %v after %v", err, time.Since(start))
 	}
 }
