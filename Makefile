@@ -16,6 +16,7 @@
 #   make bench-api        the daemon API's benchmarks (bench/api.sh, about 2 minutes)
 #   make bench-container  the container provider's (bench/container.sh, as root, about 10 minutes)
 #   make bench-python     the Python SDK's (bench/python.sh, after python/test.sh; about 40 s)
+#   make bench-mcp        an MCP tool call beside the daemon's exec (bench/mcp.sh, about a minute)
 #   make bench-pull       image pulls from a loopback registry vs skopeo+umoci and docker (bench/pull.sh, as root, about 5 minutes)
 #   make bench-kubernetes the kubernetes provider's on the harness cluster, vs kubectl and the container provider (bench/kubernetes.sh, as root; the cluster's first build about 6 minutes)
 #   make fmt              gofmt -w on the tree
@@ -47,7 +48,7 @@ GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lin
 KUBE_PKGS = ./provider/kubernetes/... ./bench/kubernetes/
 KUBE_BUILD = if [ "$$(id -u)" = 0 ]; then GOGC=$(BUILD_GOGC) $(GO) run ./provider/kubernetes/kubetest/cmd/kubecluster build; fi
 
-.PHONY: build lint test test-go test-go-local test-go-kube test-python test-mcp-node crash kube-daemons kube-binaries ci bench-run bench-api bench-container bench-python bench-pull bench-kubernetes fmt
+.PHONY: build lint test test-go test-go-local test-go-kube test-python test-mcp-node crash kube-daemons kube-binaries ci bench-run bench-api bench-container bench-python bench-mcp bench-pull bench-kubernetes fmt
 
 build:
 	$(GO) build -o tai42 ./cmd/tai42
@@ -144,6 +145,9 @@ bench-container:
 
 bench-python:
 	bash bench/python.sh
+
+bench-mcp:
+	bash bench/mcp.sh
 
 bench-pull:
 	bash bench/pull.sh

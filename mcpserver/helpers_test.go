@@ -44,13 +44,13 @@ func (b *syncBuffer) String() string {
 
 // env is a host sandbox and a Server over it, its log in logs.
 type env struct {
-	t    *testing.T
+	t    testing.TB
 	sb   *kit.Sandbox
 	srv  *Server
 	logs *syncBuffer
 }
 
-func newEnv(t *testing.T, opts Options) *env {
+func newEnv(t testing.TB, opts Options) *env {
 	t.Helper()
 	sb, err := host.New(host.Options{Options: kit.Options{Policy: testPolicy}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
 	if err != nil {
