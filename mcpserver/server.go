@@ -19,6 +19,7 @@
 package mcpserver
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -152,8 +153,14 @@ const instructions = `Disposable sandbox sessions: create_session, then run comm
 // ServeIO serves one connection over r and w (a process's stdin and
 // stdout: the stdio transport, newline-delimited JSON-RPC) until the
 // client closes r or ctx ends, then destroys the connection's sessions.
+// A client that ended its input but reads no answer (w full) is given
+// stdioGrace for them, then the answers are dropped and the connection
+// ends all the same.
 func (s *Server) ServeIO(ctx context.Context, r io.Reader, w io.Writer) error {
-	err := s.mcp.Run(ctx, &mcp.IOTransport{Reader: io.NopCloser(r), Writer: nopWriteCloser{w}, MaxLineLength: s.opts.MaxMessageBytes})
+	out := newStdioWriter(w)
+	in := &eofReader{r: r, eof: out.abandonAfter}
+	err := s.mcp.Run(ctx, &mcp.IOTransport{Reader: io.NopCloser(in), Writer: out, MaxLineLength: s.opts.MaxMessageBytes})
+	out.stop()
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), connectionCleanupTimeout)
 	defer cancel()
 	if cerr := s.Close(cctx); err == nil || errors.Is(err, context.Canceled) {
@@ -162,9 +169,91 @@ func (s *Server) ServeIO(ctx context.Context, r io.Reader, w io.Writer) error {
 	return err
 }
 
-type nopWriteCloser struct{ io.Writer }
+// stdioGrace is how long, once the client's input ended, its answers may
+// wait for it to read them.
+const stdioGrace = 5 * time.Second
 
-func (nopWriteCloser) Close() error { return nil }
+// eofReader calls eof(stdioGrace) once its reader ends.
+type eofReader struct {
+	r    io.Reader
+	eof  func(time.Duration)
+	once sync.Once
+}
+
+func (e *eofReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil {
+		e.once.Do(func() { e.eof(stdioGrace) })
+	}
+	return n, err
+}
+
+// stdioWriter writes on a goroutine of its own, so that a write to a
+// client that reads nothing can be given up (abandonAfter): the write
+// then fails and the connection ends, while the goroutine stays blocked
+// until the client's end closes (or the process exits).
+type stdioWriter struct {
+	reqs    chan []byte
+	results chan error    // one at most is ever unread: an abandoned write's
+	gone    chan struct{} // closed: writes are given up
+	quit    chan struct{} // closed: the goroutine ends after its write in progress
+	once    sync.Once
+}
+
+func newStdioWriter(w io.Writer) *stdioWriter {
+	sw := &stdioWriter{reqs: make(chan []byte), results: make(chan error, 1), gone: make(chan struct{}), quit: make(chan struct{})}
+	go func() {
+		for {
+			select {
+			case p := <-sw.reqs:
+				_, err := w.Write(p)
+				sw.results <- err
+			case <-sw.quit:
+				return
+			}
+		}
+	}()
+	return sw
+}
+
+// Write is called by one goroutine at a time (the SDK's connection
+// serialises its writes).
+func (sw *stdioWriter) Write(p []byte) (int, error) {
+	select {
+	case <-sw.gone:
+		return 0, io.ErrClosedPipe
+	default:
+	}
+	select {
+	case sw.reqs <- bytes.Clone(p): // an abandoned write keeps its copy
+	case <-sw.gone:
+		return 0, io.ErrClosedPipe
+	}
+	select {
+	case err := <-sw.results:
+		if err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	case <-sw.gone:
+		return 0, io.ErrClosedPipe
+	}
+}
+
+// abandonAfter gives up the writes still waiting after d, and every later
+// one.
+func (sw *stdioWriter) abandonAfter(d time.Duration) { time.AfterFunc(d, sw.abandon) }
+
+func (sw *stdioWriter) abandon() { sw.once.Do(func() { close(sw.gone) }) }
+
+func (sw *stdioWriter) Close() error { return nil }
+
+// stop gives up every write and ends the writing goroutine once its write
+// in progress, if any, is done.
+func (sw *stdioWriter) stop() {
+	sw.abandon()
+	close(sw.quit)
+}
 
 // HTTPHandler serves the Streamable HTTP transport, one connection per MCP
 // session. It does no authentication: mount it behind the daemon's.
