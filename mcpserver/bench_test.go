@@ -46,3 +46,24 @@ func BenchmarkRunTrue(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkListProcesses: a tool call that does next to nothing: the MCP
+// layer's own round trip.
+func BenchmarkListProcesses(b *testing.B) {
+	e := newEnv(b, Options{})
+	ctx := context.Background()
+	ct, st := mcp.NewInMemoryTransports()
+	if _, err := e.srv.mcp.Connect(ctx, st, nil); err != nil {
+		b.Fatal(err)
+	}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "b", Version: "0"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cs.Close()
+	for b.Loop() {
+		if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "list_processes"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
