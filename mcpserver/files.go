@@ -62,7 +62,7 @@ done`
 
 const listTimeout = 30 * time.Second
 
-func (s *Server) listDir(ctx context.Context, c *conn, in listDirIn) (listDirOut, error) {
+func (s *Server) listDir(ctx context.Context, _ *conn, in listDirIn) (listDirOut, error) {
 	path := in.Path
 	if path == "" {
 		path = "."

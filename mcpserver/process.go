@@ -113,9 +113,9 @@ type processOutput struct {
 	err            error
 }
 
-// read returns the output from cursor on, at most max bytes, waiting up
+// read returns the output from cursor on, at most limit bytes, waiting up
 // to wait for some when there is none yet and the exec still runs.
-func (p *process) read(ctx context.Context, cursor int64, wait time.Duration, max int) (processOutput, error) {
+func (p *process) read(ctx context.Context, cursor int64, wait time.Duration, limit int) (processOutput, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	for {
@@ -126,7 +126,7 @@ func (p *process) read(ctx context.Context, cursor int64, wait time.Duration, ma
 			return processOutput{}, fmt.Errorf("cursor %d is outside the output, which is %d bytes so far: pass 0 or the next_cursor of the last read", cursor, end)
 		}
 		if cursor < p.end || p.finished || wait <= 0 {
-			out := p.collect(cursor, max)
+			out := p.collect(cursor, limit)
 			p.mu.Unlock()
 			return out, nil
 		}
@@ -143,7 +143,7 @@ func (p *process) read(ctx context.Context, cursor int64, wait time.Duration, ma
 }
 
 // collect reads the log from cursor, p.mu held.
-func (p *process) collect(cursor int64, max int) processOutput {
+func (p *process) collect(cursor int64, limit int) processOutput {
 	out := processOutput{finished: p.finished, exitCode: p.exitCode, err: p.err}
 	if cursor < p.base {
 		out.dropped = p.base - cursor
@@ -158,7 +158,7 @@ func (p *process) collect(cursor int64, max int) processOutput {
 			continue
 		}
 		data := c.data[cursor-off:]
-		if room := max - taken; len(data) > room {
+		if room := limit - taken; len(data) > room {
 			data = data[:cutUTF8(data, room)]
 			out.more = true
 		}

@@ -346,11 +346,16 @@ func (s *Server) remember(sess sandbox.Session) {
 // returns err.
 func (s *Server) evictOn(id string, err error) error {
 	if errors.Is(err, sandbox.ErrSessionNotFound) {
-		s.cache.mu.Lock()
-		delete(s.cache.m, id)
-		s.cache.mu.Unlock()
+		s.evict(id)
 	}
 	return err
+}
+
+// evict forgets the session's cached handle.
+func (s *Server) evict(id string) {
+	s.cache.mu.Lock()
+	delete(s.cache.m, id)
+	s.cache.mu.Unlock()
 }
 
 func (s *Server) createSession(ctx context.Context, c *conn, in createIn) (sessionOut, error) {
@@ -407,7 +412,7 @@ func (s *Server) timeout(seconds float64, def time.Duration) (time.Duration, err
 	return time.Duration(seconds * float64(time.Second)), nil
 }
 
-func (s *Server) run(ctx context.Context, c *conn, in runIn) (runOut, error) {
+func (s *Server) run(ctx context.Context, _ *conn, in runIn) (runOut, error) {
 	argv, err := in.argv()
 	if err != nil {
 		return runOut{}, err
@@ -502,7 +507,7 @@ func decode(field, s, enc string) ([]byte, error) {
 	return nil, fmt.Errorf("%s's encoding %q: give text or base64", field, clip(enc))
 }
 
-func (s *Server) writeFile(ctx context.Context, c *conn, in writeIn) (writeOut, error) {
+func (s *Server) writeFile(ctx context.Context, _ *conn, in writeIn) (writeOut, error) {
 	data, err := decode("content", in.Content, in.Encoding)
 	if err != nil {
 		return writeOut{}, err
@@ -517,7 +522,7 @@ func (s *Server) writeFile(ctx context.Context, c *conn, in writeIn) (writeOut, 
 	return writeOut{Path: in.Path, Bytes: len(data)}, nil
 }
 
-func (s *Server) readFile(ctx context.Context, c *conn, in readIn) (readOut, error) {
+func (s *Server) readFile(ctx context.Context, _ *conn, in readIn) (readOut, error) {
 	if in.Offset < 0 || in.Length < 0 {
 		return readOut{}, fmt.Errorf("offset and length must not be negative (offset %d, length %d)", in.Offset, in.Length)
 	}
@@ -569,7 +574,7 @@ func (s *Server) listSessions(ctx context.Context, c *conn, _ struct{}) (listSes
 	return out, nil
 }
 
-func (s *Server) touch(ctx context.Context, c *conn, in sessionIn) (touchOut, error) {
+func (s *Server) touch(ctx context.Context, _ *conn, in sessionIn) (touchOut, error) {
 	sess, err := s.session(ctx, in.SessionID)
 	if err != nil {
 		return touchOut{}, err
@@ -591,7 +596,7 @@ func (s *Server) destroySession(ctx context.Context, c *conn, in sessionIn) (des
 	if err := s.sb.DestroySession(ctx, in.SessionID); err != nil {
 		return destroyOut{}, err
 	}
-	s.evictOn(in.SessionID, &sandbox.SessionNotFoundError{SessionID: in.SessionID})
+	s.evict(in.SessionID)
 	c.dropSession(in.SessionID)
 	return destroyOut{SessionID: in.SessionID, Destroyed: true}, nil
 }
@@ -701,7 +706,7 @@ func (s *Server) killProcess(ctx context.Context, c *conn, in processIn) (killOu
 	return out, nil
 }
 
-func (s *Server) listProcesses(ctx context.Context, c *conn, _ struct{}) (listProcsOut, error) {
+func (s *Server) listProcesses(_ context.Context, c *conn, _ struct{}) (listProcsOut, error) {
 	out := listProcsOut{Processes: []processInfo{}}
 	for _, p := range c.processes() {
 		p.mu.Lock()

@@ -163,4 +163,3 @@ func BenchmarkToolCallTrue(b *testing.B) {
 		})
 	}
 }
-
