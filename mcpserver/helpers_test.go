@@ -88,7 +88,7 @@ func (e *env) connect() *mcp.ClientSession {
 }
 
 // call calls a tool and returns its result; a protocol error fails the test.
-func call(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any) *mcp.CallToolResult {
+func call(t *testing.T, cs *mcp.ClientSession, name string, args any) *mcp.CallToolResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -119,7 +119,7 @@ func ok[Out any](t *testing.T, cs *mcp.ClientSession, name string, args map[stri
 
 // fails calls a tool that must fail with a tool error whose text holds
 // every one of want, and returns the text.
-func fails(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any, want ...string) string {
+func fails(t *testing.T, cs *mcp.ClientSession, name string, args any, want ...string) string {
 	t.Helper()
 	res := call(t, cs, name, args)
 	msg := text(res)

@@ -246,6 +246,13 @@ func TestArgumentErrors(t *testing.T) {
 	fails(t, cs, "run", map[string]any{"session_id": "x", "argv": "true"}, "argv")
 	fails(t, cs, "create_session", map[string]any{"network": "lan"}, "network")
 	fails(t, cs, "create_session", map[string]any{"bogus": 1}, "bogus")
+	// A key differing from a property only in case is unknown, not the
+	// property (encoding/json alone would take it).
+	fails(t, cs, "run", map[string]any{"Session_ID": "x", "argv": []string{"true"}}, "Session_ID")
+	fails(t, cs, "list_sessions", []int{1}, "arguments")
+	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "list_sessions"}); err != nil {
+		t.Errorf("no arguments to a tool that needs none: %v", err)
+	}
 	fails(t, cs, "read_process_output", map[string]any{"process_id": "p-x", "wait_seconds": 61}, "p-x")
 	_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "no_such_tool", Arguments: map[string]any{}})
 	if err == nil || !strings.Contains(err.Error(), "no_such_tool") {
