@@ -274,7 +274,7 @@ func tool[In, Out any](s *Server, name, desc string, enums map[string][]string, 
 			}
 			c, err := s.connOf(req.Session)
 			if err != nil {
-				return nil, err
+				return errorResult(err), nil
 			}
 			v, err := h(ctx, c, args)
 			if err != nil {
