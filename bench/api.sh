@@ -32,7 +32,7 @@ done
 bench_finish "API benchmarks: $count rounds, -benchtime $benchtime (files $filetime, stream $streamtime), $(nproc) CPUs"
 PYTHONPATH=bench python3 - "$raw" <<'PY'
 import statistics, sys
-from benchstats import parse, median
+from benchstats import parse, median, table
 
 runs = parse(sys.argv[1])
 def med(name, unit):
@@ -82,14 +82,7 @@ for name, peer, kind, tv, note in rows:
     out.append((name, str(len(vals)), fmt(ns, 1000), fmt(p50, 1000), fmt(p99, 1000), spread,
                 fmt(mbs), vs, target, met, note))
 
-w = [max(len(r[i]) for r in [hdr] + out) for i in range(len(hdr))]
-right = {1, 2, 3, 4, 5, 6, 7}
-def line(r):
-    return "  ".join(c.rjust(w[i]) if i in right else c.ljust(w[i]) for i, c in enumerate(r)).rstrip()
-print(line(hdr))
-print(line(tuple("-" * x for x in w)))
-for r in out:
-    print(line(r))
+table(hdr, out, {1, 2, 3, 4, 5, 6, 7})
 print(f"\ntargets met: {sum(verdicts)}/{len(verdicts)}")
 print("p50/p99: medians over the rounds of each round's per-op percentiles.  vs peer: the API's added p50")
 print("latency, or its throughput against in-process.  MB/s: 10^6 bytes/s.")

@@ -184,7 +184,7 @@ echo "container provider benchmarks: $count rounds, -benchtime $createtime (crea
 echo "load average before: $load0, after: $(cut -d' ' -f1-3 /proc/loadavg); took $(($(date +%s) - start))s"
 PYTHONPATH=bench python3 - "$raw" <<'PY'
 import os, statistics, sys
-from benchstats import parse, median
+from benchstats import parse, median, table
 
 runs = parse(sys.argv[1])
 docker_reason = os.environ.get("BENCH_DOCKER_REASON", "")
@@ -218,15 +218,6 @@ def missing(name):
     if "docker" in name and docker_reason:
         return "not measured"
     return "MISSING"
-
-def table(hdr, rows, right):
-    w = [max(len(r[i]) for r in [hdr] + rows) for i in range(len(hdr))]
-    def line(r):
-        return "  ".join(c.rjust(w[i]) if i in right else c.ljust(w[i]) for i, c in enumerate(r)).rstrip()
-    print(line(hdr))
-    print(line(tuple("-" * x for x in w)))
-    for r in rows:
-        print(line(r))
 
 def ms(v):
     return "-" if v is None else f"{v/1e6:,.2f}"

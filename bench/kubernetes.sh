@@ -123,7 +123,7 @@ echo "kubernetes provider benchmarks: $count rounds, -benchtime $createtime (cre
 echo "load average before: $load0, after: $(cut -d' ' -f1-3 /proc/loadavg); took $(($(date +%s) - start))s"
 BENCH_CONTAINER_REASON=$container_reason PYTHONPATH=bench python3 - "$raw" <<'PY'
 import os, statistics, sys
-from benchstats import parse, median
+from benchstats import parse, median, table
 
 runs = parse(sys.argv[1])
 creason = os.environ.get("BENCH_CONTAINER_REASON", "")
@@ -140,15 +140,6 @@ def ms(v):
 
 def ratio(a, b):
     return "-" if a is None or not b else f"{a/b:.2f}×"
-
-def table(hdr, rows, right):
-    w = [max(len(r[i]) for r in [hdr] + rows) for i in range(len(hdr))]
-    def line(r):
-        return "  ".join(c.rjust(w[i]) if i in right else c.ljust(w[i]) for i, c in enumerate(r)).rstrip()
-    print(line(hdr))
-    print(line(tuple("-" * x for x in w)))
-    for r in rows:
-        print(line(r))
 
 def state(name):
     if name in fails:

@@ -27,7 +27,7 @@ done
 bench_finish "MCP benchmarks: $count rounds, -benchtime $benchtime, $(nproc) CPUs"
 PYTHONPATH=bench python3 - "$raw" <<'PY'
 import statistics, sys
-from benchstats import parse, median
+from benchstats import parse, median, table
 
 runs = parse(sys.argv[1])
 peer = "ToolCallTrue/exec-api"
@@ -56,14 +56,7 @@ for name, tv, note in rows:
         target, met = f"≤ peer + {tv/1e6:g} ms", "yes" if ok else "NO"
         verdicts.append(ok)
     out.append((name, str(len(vals)), f"{p50/1000:,.0f}", f"{p99/1000:,.0f}", spread, vs, target, met, note))
-w = [max(len(r[i]) for r in [hdr] + out) for i in range(len(hdr))]
-right = {1, 2, 3, 4, 5}
-def line(r):
-    return "  ".join(c.rjust(w[i]) if i in right else c.ljust(w[i]) for i, c in enumerate(r)).rstrip()
-print(line(hdr))
-print(line(tuple("-" * x for x in w)))
-for r in out:
-    print(line(r))
+table(hdr, out, {1, 2, 3, 4, 5})
 print(f"\ntargets met: {sum(verdicts)}/{len(verdicts)}")
 print("p50/p99: medians over the rounds of each round's per-call percentiles; vs peer: the added p50.")
 PY

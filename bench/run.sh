@@ -41,7 +41,7 @@ done
 bench_finish "host runner benchmarks: $count rounds, -benchtime $benchtime (files $filetime, stream $streamtime), $(nproc) CPUs, GOMAXPROCS ${GOMAXPROCS:-$(nproc)}"
 PYTHONPATH=bench python3 - "$raw" <<'PY'
 import statistics, sys
-from benchstats import parse, median
+from benchstats import parse, median, table
 
 runs = parse(sys.argv[1])
 def med(name, unit):
@@ -98,14 +98,7 @@ for name, peer, kind, tv, note in rows:
                 "-" if ratio is None else f"{ratio:.3f}×",
                 target, met, note))
 
-w = [max(len(r[i]) for r in [hdr] + out) for i in range(len(hdr))]
-right = {1, 2, 3, 4, 5}
-def line(r):
-    return "  ".join(c.rjust(w[i]) if i in right else c.ljust(w[i]) for i, c in enumerate(r)).rstrip()
-print(line(hdr))
-print(line(tuple("-" * x for x in w)))
-for r in out:
-    print(line(r))
+table(hdr, out, {1, 2, 3, 4, 5})
 print(f"\ntargets met: {sum(verdicts)}/{len(verdicts)}")
 print("kit/bare: median kit ns/op / median ns/op of its bare peer (time, so > 1 is slower).")
 print("spread: half the min-max range over the rounds, against the median; a wide one means load from")
