@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"sync"
 
 	"github.com/spf13/cobra"
@@ -17,15 +16,9 @@ import (
 
 // mcpFlags are the flags of "tai42 mcp".
 type mcpFlags struct {
-	provider        string
-	stateDir        string
-	policyEgress    string
-	policyIsolation string
-	policyDurable   bool
-	image           string
-	maxResultBytes  int
-	images          imageFlags
-	kube            kubeFlags
+	image          string
+	maxResultBytes int
+	embeddedFlags
 }
 
 // mcpCmd is "tai42 mcp": the MCP server over stdio.
@@ -82,28 +75,18 @@ environment value.`,
 		},
 	}
 	fl := cmd.Flags()
-	provider := defaultProvider
-	if v, ok := c.lookupEnv(providerEnv); ok && v != "" {
-		provider = v
-	}
-	fl.StringVar(&f.provider, "provider", provider, "sandbox provider to run on: container, host or kubernetes (embedded only; default: $"+providerEnv+", else container where runc or crun is installed and tai42 runs as root, else host)")
-	fl.StringVar(&f.stateDir, "state-dir", "", "state directory (embedded only; default: $"+stateDirEnv+", else $XDG_STATE_HOME/tai42, else ~/.local/state/tai42)")
-	fl.StringVar(&f.policyEgress, "policy-egress", string(defaultPolicy.Egress), "policy: the loosest network a session may have (none, internal, egress; embedded only)")
-	fl.StringVar(&f.policyIsolation, "policy-isolation", string(defaultPolicy.Isolation), "policy: the weakest isolation a session may have (none, container, vm; embedded only)")
-	fl.BoolVar(&f.policyDurable, "policy-durable", defaultPolicy.Durable, "policy: allow persistent sessions (embedded only)")
 	fl.StringVar(&f.image, "image", defaultImage, "the image of a session whose create_session names none")
 	fl.IntVar(&f.maxResultBytes, "max-result-bytes", mcpserver.DefaultMaxResultBytes, "the most output one tool result carries, in bytes")
-	addImageFlags(fl, &f.images)
-	addKubeFlags(fl, &f.kube)
+	addEmbeddedFlags(fl, &f.embeddedFlags, c.lookupEnv)
 	addRemoteFlags(fl, &rf)
 	return cmd
 }
 
 // mcpProviderConfig resolves the embedded provider's settings.
 func (c *cli) mcpProviderConfig(cmd *cobra.Command, f *mcpFlags) (providerConfig, error) {
-	pol := sandbox.Policy{Egress: sandbox.Network(f.policyEgress), Isolation: sandbox.Isolation(f.policyIsolation), Durable: f.policyDurable}
-	if err := pol.Validate(); err != nil {
-		return providerConfig{}, usagef(fmt.Errorf("--policy-%s", strings.TrimPrefix(err.Error(), "policy: ")))
+	pol, err := f.policy()
+	if err != nil {
+		return providerConfig{}, err
 	}
 	stateDir, err := resolveStateDir(f.stateDir, c.lookupEnv)
 	if err != nil {

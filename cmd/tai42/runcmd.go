@@ -111,17 +111,7 @@ unknown user among them); 128+N when tai42 got signal N (130 for SIGINT,
 	fl.StringVarP(&f.user, "user", "u", "", userHelp)
 	fl.StringArrayVar(&f.puts, "put", nil, "copy a local file into the workspace before CMD runs: `LOCAL[:REMOTE]`, split at the first ':'; REMOTE defaults to LOCAL's base name (repeatable)")
 	fl.BoolVarP(&f.noStdin, "no-stdin", "n", false, "give CMD an empty stdin instead of streaming this one")
-	provider := defaultProvider
-	if v, ok := c.lookupEnv(providerEnv); ok && v != "" {
-		provider = v
-	}
-	fl.StringVar(&f.provider, "provider", provider, "sandbox provider to run on: container, host or kubernetes (embedded only; default: $"+providerEnv+", else container where runc or crun is installed and tai42 runs as root, else host)")
-	fl.StringVar(&f.stateDir, "state-dir", "", "state directory (embedded only; default: $"+stateDirEnv+", else $XDG_STATE_HOME/tai42, else ~/.local/state/tai42)")
-	fl.StringVar(&f.policyEgress, "policy-egress", string(defaultPolicy.Egress), "policy: the loosest network a session may have (none, internal, egress; embedded only)")
-	fl.StringVar(&f.policyIsolation, "policy-isolation", string(defaultPolicy.Isolation), "policy: the weakest isolation a session may have (none, container, vm; embedded only)")
-	fl.BoolVar(&f.policyDurable, "policy-durable", defaultPolicy.Durable, "policy: allow persistent sessions (--policy-durable=false forbids them; embedded only)")
-	addImageFlags(fl, &f.images)
-	addKubeFlags(fl, &f.kube)
+	addEmbeddedFlags(fl, &f.embeddedFlags, c.lookupEnv)
 	addRemoteFlags(fl, &rf)
 	return cmd
 }

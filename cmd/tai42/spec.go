@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/tai42/sandbox"
 )
 
@@ -26,9 +28,16 @@ type runFlags struct {
 	persistent string
 	cpu        float64
 	memoryMB   int
-	provider   string
-	stateDir   string
 	noStdin    bool
+
+	embeddedFlags
+}
+
+// embeddedFlags are the flags of a command that runs a provider of its
+// own when no daemon is named ("tai42 run", "tai42 mcp").
+type embeddedFlags struct {
+	provider string
+	stateDir string
 
 	policyEgress    string
 	policyIsolation string
@@ -36,6 +45,34 @@ type runFlags struct {
 
 	images imageFlags // the embedded container provider's pulls
 	kube   kubeFlags  // the embedded kubernetes provider's settings
+}
+
+func addEmbeddedFlags(fl *pflag.FlagSet, f *embeddedFlags, lookupEnv func(string) (string, bool)) {
+	provider := defaultProvider
+	if v, ok := lookupEnv(providerEnv); ok && v != "" {
+		provider = v
+	}
+	fl.StringVar(&f.provider, "provider", provider, "sandbox provider to run on: container, host or kubernetes (embedded only; default: $"+providerEnv+", else container where runc or crun is installed and tai42 runs as root, else host)")
+	fl.StringVar(&f.stateDir, "state-dir", "", "state directory (embedded only; default: $"+stateDirEnv+", else $XDG_STATE_HOME/tai42, else ~/.local/state/tai42)")
+	fl.StringVar(&f.policyEgress, "policy-egress", string(defaultPolicy.Egress), "policy: the loosest network a session may have (none, internal, egress; embedded only)")
+	fl.StringVar(&f.policyIsolation, "policy-isolation", string(defaultPolicy.Isolation), "policy: the weakest isolation a session may have (none, container, vm; embedded only)")
+	fl.BoolVar(&f.policyDurable, "policy-durable", defaultPolicy.Durable, "policy: allow persistent sessions (--policy-durable=false forbids them; embedded only)")
+	addImageFlags(fl, &f.images)
+	addKubeFlags(fl, &f.kube)
+}
+
+// policy is the policy the flags name; an error is a *usageError naming
+// the flag.
+func (f embeddedFlags) policy() (sandbox.Policy, error) {
+	pol := sandbox.Policy{
+		Egress:    sandbox.Network(f.policyEgress),
+		Isolation: sandbox.Isolation(f.policyIsolation),
+		Durable:   f.policyDurable,
+	}
+	if err := pol.Validate(); err != nil {
+		return sandbox.Policy{}, usagef(fmt.Errorf("--policy-%s", strings.TrimPrefix(err.Error(), "policy: ")))
+	}
+	return pol, nil
 }
 
 // Defaults of "tai42 run".
@@ -98,13 +135,9 @@ func buildPlan(f runFlags, argv []string, lookupEnv func(string) (string, bool))
 	if err := sandbox.ValidUser(f.user); err != nil {
 		return plan{}, usagef(fmt.Errorf("--%v", err))
 	}
-	pol := sandbox.Policy{
-		Egress:    sandbox.Network(f.policyEgress),
-		Isolation: sandbox.Isolation(f.policyIsolation),
-		Durable:   f.policyDurable,
-	}
-	if err := pol.Validate(); err != nil {
-		return plan{}, usagef(fmt.Errorf("--policy-%s", strings.TrimPrefix(err.Error(), "policy: ")))
+	pol, err := f.policy()
+	if err != nil {
+		return plan{}, err
 	}
 	spec, err := buildSpec(f, lookupEnv)
 	if err != nil {

@@ -20,13 +20,15 @@ func lookupFrom(m map[string]string) func(string) (string, bool) {
 
 func defaultFlags() runFlags {
 	return runFlags{
-		image:           defaultImage,
-		network:         defaultNetwork,
-		ttl:             defaultTTL,
-		provider:        defaultProvider,
-		policyEgress:    string(defaultPolicy.Egress),
-		policyIsolation: string(defaultPolicy.Isolation),
-		policyDurable:   defaultPolicy.Durable,
+		image:   defaultImage,
+		network: defaultNetwork,
+		ttl:     defaultTTL,
+		embeddedFlags: embeddedFlags{
+			provider:        defaultProvider,
+			policyEgress:    string(defaultPolicy.Egress),
+			policyIsolation: string(defaultPolicy.Isolation),
+			policyDurable:   defaultPolicy.Durable,
+		},
 	}
 }
 
