@@ -27,15 +27,7 @@ func BenchmarkRunTrue(b *testing.B) {
 			}
 		}
 	})
-	ct, st := mcp.NewInMemoryTransports()
-	if _, err := e.srv.mcp.Connect(ctx, st, nil); err != nil {
-		b.Fatal(err)
-	}
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "b", Version: "0"}, nil).Connect(ctx, ct, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cs.Close()
+	cs := e.connect()
 	args := map[string]any{"session_id": sess.ID(), "argv": []string{"/bin/true"}}
 	b.Run("tool", func(b *testing.B) {
 		for b.Loop() {
@@ -52,15 +44,7 @@ func BenchmarkRunTrue(b *testing.B) {
 func BenchmarkListProcesses(b *testing.B) {
 	e := newEnv(b, Options{})
 	ctx := context.Background()
-	ct, st := mcp.NewInMemoryTransports()
-	if _, err := e.srv.mcp.Connect(ctx, st, nil); err != nil {
-		b.Fatal(err)
-	}
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "b", Version: "0"}, nil).Connect(ctx, ct, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cs.Close()
+	cs := e.connect()
 	for b.Loop() {
 		if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "list_processes"}); err != nil {
 			b.Fatal(err)

@@ -1,12 +1,10 @@
 package mcpserver
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/syncbuf"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
 )
@@ -24,23 +23,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var testPolicy = sandbox.Policy{Egress: sandbox.NetworkNone, Isolation: sandbox.IsolationNone, Durable: true}
 
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
+// syncBuffer is a log or output sink safe to read while it is written.
+type syncBuffer = syncbuf.Buffer
 
 // env is a host sandbox and a Server over it, its log in logs.
 type env struct {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/api"
+	"github.com/tai42/sandbox/internal/syncbuf"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/host"
 )
@@ -36,23 +37,8 @@ const testToken = "test-token-3f9a"
 
 var testPolicy = sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationNone, Durable: true}
 
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
+// syncBuffer is a log or output sink safe to read while it is written.
+type syncBuffer = syncbuf.Buffer
 
 // env is one host sandbox served by one Server through httptest.
 type env struct {

@@ -9,10 +9,11 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tai42/sandbox/internal/syncbuf"
 )
 
 // result is one in-process invocation's outcome.
@@ -399,23 +400,8 @@ func TestHelp(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe to read while run writes it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+// syncBuffer is a log or output sink safe to read while it is written.
+type syncBuffer = syncbuf.Buffer
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()

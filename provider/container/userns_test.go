@@ -7,7 +7,6 @@ package container_test
 // remapped session leaves no mount behind.
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -17,13 +16,13 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/internal/oscmd"
+	"github.com/tai42/sandbox/internal/syncbuf"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/container"
 	"github.com/tai42/sandbox/provider/container/containertest"
@@ -524,23 +523,8 @@ func TestUserNamespaceFallback(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a log or output sink safe to read while it is written.
+type syncBuffer = syncbuf.Buffer
 
 // TestUserNamespaceSweep: a provider started on the state directory of one
 // that did not close (as after a crash) removes the remapped session it
