@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -69,6 +70,23 @@ func (e *env) connect() *mcp.ClientSession {
 	}
 	e.t.Cleanup(func() { _ = cs.Close() })
 	return cs
+}
+
+// connectHTTP serves the Server's Streamable HTTP handler on a loopback
+// test server and connects a client to it; closing the client is the
+// caller's (a test of the close makes it itself).
+func (e *env) connectHTTP() (*mcp.ClientSession, *httptest.Server) {
+	e.t.Helper()
+	ts := httptest.NewServer(e.srv.HTTPHandler())
+	e.t.Cleanup(ts.Close)
+	hc := ts.Client()
+	e.t.Cleanup(hc.CloseIdleConnections)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(context.Background(),
+		&mcp.StreamableClientTransport{Endpoint: ts.URL, HTTPClient: hc, MaxRetries: -1}, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return cs, ts
 }
 
 // call calls a tool and returns its result; a protocol error fails the test.

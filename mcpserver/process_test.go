@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -184,15 +183,8 @@ func TestDisconnectDestroys(t *testing.T) {
 // ending its connection, and a malformed request refused.
 func TestHTTP(t *testing.T) {
 	e := newEnv(t, Options{})
-	ts := httptest.NewServer(e.srv.HTTPHandler())
-	t.Cleanup(ts.Close)
+	cs, ts := e.connectHTTP()
 	hc := ts.Client()
-	t.Cleanup(hc.CloseIdleConnections)
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(context.Background(),
-		&mcp.StreamableClientTransport{Endpoint: ts.URL, HTTPClient: hc, MaxRetries: -1}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	id := createSession(t, cs, nil)
 	out := ok[runOut](t, cs, "run", map[string]any{"session_id": id, "argv": []string{"echo", "over http"}})
 	if out.Stdout != "over http\n" {
@@ -241,18 +233,10 @@ func post(t *testing.T, hc *http.Client, url, body string) (int, string) {
 // before it is read whole.
 func TestHTTPHugeMessage(t *testing.T) {
 	e := newEnv(t, Options{MaxMessageBytes: 1 << 20})
-	ts := httptest.NewServer(e.srv.HTTPHandler())
-	t.Cleanup(ts.Close)
-	hc := ts.Client()
-	t.Cleanup(hc.CloseIdleConnections)
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(context.Background(),
-		&mcp.StreamableClientTransport{Endpoint: ts.URL, HTTPClient: hc, MaxRetries: -1}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cs, _ := e.connectHTTP()
 	t.Cleanup(func() { _ = cs.Close() })
 	id := createSession(t, cs, nil)
-	_, err = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "write_file",
+	_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "write_file",
 		Arguments: map[string]any{"session_id": id, "path": "big", "content": strings.Repeat("x", 2<<20)}})
 	if err == nil || !strings.Contains(err.Error(), "Request Entity Too Large") {
 		t.Errorf("a 2 MiB message over a 1 MiB bound: %v", err)
