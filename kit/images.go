@@ -35,6 +35,14 @@ func (s *Sandbox) PullImage(ctx context.Context, ref string, opts sandbox.PullOp
 	if err != nil {
 		return sandbox.ImageInfo{}, sandbox.WrapForeign("pull_image", fmt.Sprintf("provider %s could not pull image %q", s.prov.Name(), ref), err)
 	}
+	if s.pool != nil {
+		// The name may now be another image: the sessions made ahead of
+		// the one it was are never handed out.
+		for _, name := range slices.Compact([]string{info.Name, ref}) {
+			s.pool.flush(name, false)
+			s.pool.resume(name)
+		}
+	}
 	return info, nil
 }
 
@@ -66,7 +74,15 @@ func (s *Sandbox) RemoveImage(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
+	if s.pool != nil {
+		// The sessions made ahead of it use it: they go first, and none
+		// is made again until the image is pulled again.
+		s.pool.flush(name, true)
+	}
 	if err := im.RemoveImage(ctx, name); err != nil {
+		if s.pool != nil {
+			s.pool.resume(name)
+		}
 		return sandbox.WrapForeign("remove_image", fmt.Sprintf("provider %s could not remove image %q", s.prov.Name(), name), err)
 	}
 	return nil

@@ -71,6 +71,16 @@ type Options struct {
 	// the kit closes the ledger at Close. A [SharedLedger] makes the
 	// sandbox one of several serving its sessions (see the package doc).
 	Ledger Ledger
+	// Pool are the shapes of session made ahead of the creates (see
+	// [PoolShape]): New checks each against the policy, the provider
+	// (a [Pooler]) and the machine's memory, and makes one of each before
+	// it returns, so that a shape that cannot be made fails New with the
+	// reason; the rest are made in the background. Not with a
+	// [SharedLedger].
+	Pool []PoolShape
+	// PoolRefills is how many pool sessions are made at once. 0 means
+	// [DefaultPoolRefills].
+	PoolRefills int
 }
 
 // Sandbox is a kit-built [sandbox.Sandbox]. Close it when done: it stops the
@@ -83,6 +93,7 @@ type Sandbox struct {
 	log          *slog.Logger
 	ledger       Ledger
 	shared       SharedLedger // ledger as a SharedLedger; nil when it is not one
+	pool         *pool        // sessions made ahead; nil: none
 
 	adopting singleflight.Group // adoptions under way, by id
 	adopts   sync.WaitGroup     // Adopt calls under way; Close waits for them
@@ -153,8 +164,25 @@ func New(prov Provider, opts Options) (_ *Sandbox, err error) {
 	if sl, ok := s.ledger.(SharedLedger); ok {
 		// Nothing to recover: every session is adopted at its first use.
 		s.shared = sl
-	} else if err := s.recover(context.Background()); err != nil {
-		return nil, err
+	}
+	if len(opts.Pool) > 0 {
+		if s.pool, err = newPool(s, opts); err != nil {
+			return nil, err
+		}
+	}
+	if s.shared == nil {
+		if err := s.recover(context.Background()); err != nil {
+			return nil, err
+		}
+	}
+	if s.pool != nil {
+		// After the recovery: the provider's sweep must not take the
+		// pool's sessions for leftovers. A failure leaves the recovered
+		// sessions to the next start, as a crash would.
+		if err := s.pool.start(); err != nil {
+			s.pool.close(false)
+			return nil, err
+		}
 	}
 	if s.reapInterval > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -211,6 +239,9 @@ func (s *Sandbox) Close(ctx context.Context) error {
 		s.stopReaper()
 		<-s.reaperDone
 	}
+	if s.pool != nil {
+		s.pool.close(false)
+	}
 	var errs []error
 	if s.shared != nil {
 		errs = s.closeShared(ctx, all)
@@ -254,6 +285,9 @@ func (s *Sandbox) Abandon() {
 		<-s.reaperDone
 		s.stopReaper = nil
 	}
+	if s.pool != nil {
+		s.pool.close(true)
+	}
 	s.adopts.Wait()
 	s.closeOnce.Do(func() {
 		if a, ok := s.prov.(Abandoner); ok {
@@ -285,14 +319,46 @@ func (s *Sandbox) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (
 	spec.Env = maps.Clone(spec.Env)
 	spec.Labels = maps.Clone(spec.Labels)
 
+	ss := &session{kit: s, spec: spec, gone: make(chan struct{})}
+	if s.pool != nil {
+		m, err := s.pool.take(ctx, spec)
+		if err != nil {
+			return nil, err
+		}
+		if m != nil {
+			// Made ahead, in no ledger: a crash before its live record
+			// is on disk leaves it to the sweep, as a create's.
+			ss.id = m.id
+			forget := func() {
+				if err := s.ledger.Delete(context.WithoutCancel(ctx), ss.id); err != nil {
+					s.log.Error("cannot remove a failed create from the ledger; the next start rolls it back", "id", ss.id, "err", err)
+				}
+			}
+			if err := s.claim(ctx, ss); err != nil {
+				_ = m.res.Destroy(context.WithoutCancel(ctx))
+				return nil, err
+			}
+			return s.admit(ctx, ss, m.res, forget, true)
+		}
+	}
 	id, err := newID()
 	if err != nil {
 		return nil, sandbox.WrapError("create_session", "cannot make a session id", err)
 	}
-	ss := &session{kit: s, id: id, spec: spec, gone: make(chan struct{})}
+	ss.id = id
 	if err := s.claim(ctx, ss); err != nil {
 		return nil, err
 	}
+	return s.createCold(ctx, ss)
+}
+
+// createCold has the provider make ss's resources now.
+func (s *Sandbox) createCold(ctx context.Context, ss *session) (sandbox.Session, error) {
+	if s.pool != nil {
+		s.pool.begin()
+		defer s.pool.end()
+	}
+	id := ss.id
 	// The ledger learns of the session while the provider makes its
 	// resources (the write's fsync then costs a create nothing where the
 	// provider is slower): a crash before the record is on disk leaves
@@ -301,7 +367,7 @@ func (s *Sandbox) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (
 	// record follows this one, never overtakes it.
 	creating := make(chan error, 1)
 	go func() {
-		creating <- s.ledger.Put(context.WithoutCancel(ctx), Record{ID: id, Provider: s.prov.Name(), State: StateCreating, Spec: spec})
+		creating <- s.ledger.Put(context.WithoutCancel(ctx), Record{ID: id, Provider: s.prov.Name(), State: StateCreating, Spec: ss.spec})
 	}()
 	forget := func() {
 		s.release(ss)
@@ -309,7 +375,7 @@ func (s *Sandbox) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (
 			s.log.Error("cannot remove a failed create from the ledger; the next start rolls it back", "id", id, "err", err)
 		}
 	}
-	res, err := s.prov.Create(ctx, CreateRequest{ID: id, Spec: spec})
+	res, err := s.prov.Create(ctx, CreateRequest{ID: id, Spec: ss.spec})
 	lerr := <-creating
 	if err == nil && lerr != nil {
 		_ = res.Destroy(context.WithoutCancel(ctx))
@@ -320,6 +386,17 @@ func (s *Sandbox) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (
 		forget()
 		return nil, sandbox.WrapForeign("create_session", "provider "+s.prov.Name()+" could not create the session", err)
 	}
+	if s.pool != nil {
+		// A pooled shape's image is back (pulled by this create).
+		s.pool.resume(ss.spec.Image)
+	}
+	return s.admit(ctx, ss, res, forget, false)
+}
+
+// admit records ss, whose resources res are made, live in the ledger and
+// serves it; on failure it destroys res and calls forget.
+func (s *Sandbox) admit(ctx context.Context, ss *session, res Resources, forget func(), pooled bool) (sandbox.Session, error) {
+	id, spec := ss.id, ss.spec
 	if h, ok := res.(Recoverable); ok {
 		ss.handle = h.Handle()
 	}
@@ -354,7 +431,7 @@ func (s *Sandbox) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (
 		s.detach(adopted, "adopted while its create was finishing here")
 	}
 	s.log.Info("session created", "id", id, "image", spec.Image, "durability", spec.Durability,
-		"network", spec.Network, "ttl_seconds", spec.TTLSeconds)
+		"network", spec.Network, "ttl_seconds", spec.TTLSeconds, "pooled", pooled)
 	return ss, nil
 }
 

@@ -67,6 +67,11 @@ func New(cfg Config) *Session {
 	return &Session{cfg: cfg}
 }
 
+// SetSpec makes spec the session's own: a session made ahead for a pool
+// is handed to a create with that create's spec (its memory cap). It must
+// be called before any exec of the session.
+func (s *Session) SetSpec(spec sandbox.SessionSpec) { s.cfg.Spec = spec }
+
 // Agent is the session's agent client.
 func (s *Session) Agent() *agent.Client { return s.cfg.Agent }
 
