@@ -81,6 +81,11 @@ type Options struct {
 	// PoolRefills is how many pool sessions are made at once. 0 means
 	// [DefaultPoolRefills].
 	PoolRefills int
+	// PoolWait makes a create of a pooled shape that finds none ready wait
+	// for the refill rather than be made cold (unless the shape's refill
+	// is failing or paused): for tests and benchmarks that need every such
+	// create served from the pool.
+	PoolWait bool
 }
 
 // Sandbox is a kit-built [sandbox.Sandbox]. Close it when done: it stops the

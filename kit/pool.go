@@ -112,6 +112,7 @@ const (
 type pool struct {
 	s       *Sandbox
 	refills int
+	waits   bool // Options.PoolWait
 	ctx     context.Context // the refills' creates; cancelled at close
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup // the refill workers
@@ -157,7 +158,7 @@ func newPool(s *Sandbox, opts Options) (*pool, error) {
 	case s.shared != nil:
 		return nil, fmt.Errorf("kit: provider %s shares its ledger with other sandboxes, whose sweeps would take a pool's sessions for leftovers (no pool)", s.prov.Name())
 	}
-	p := &pool{s: s, refills: opts.PoolRefills, kick: make(chan struct{}, 1), changed: make(chan struct{}), memory: memInfo}
+	p := &pool{s: s, refills: opts.PoolRefills, waits: opts.PoolWait, kick: make(chan struct{}, 1), changed: make(chan struct{}), memory: memInfo}
 	if p.refills <= 0 {
 		p.refills = DefaultPoolRefills
 	}
@@ -250,6 +251,17 @@ func (p *pool) take(ctx context.Context, spec sandbox.SessionSpec) (*member, err
 	}
 	for {
 		p.mu.Lock()
+		if p.waits && !p.closed && len(sh.ready) == 0 && !sh.paused && sh.failed == nil {
+			changed := p.changed
+			p.mu.Unlock()
+			p.wake()
+			select {
+			case <-changed:
+				continue
+			case <-ctx.Done():
+				return nil, sandbox.WrapError("create_session", "cancelled while waiting for the pool", ctx.Err())
+			}
+		}
 		if p.closed || len(sh.ready) == 0 {
 			sh.stats.Misses++
 			p.mu.Unlock()

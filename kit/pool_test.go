@@ -429,3 +429,49 @@ func TestPoolImageRemovedOrPulled(t *testing.T) {
 		t.Errorf("PoolStats = %+v; want the 2 flushed sessions discarded", st)
 	}
 }
+
+func TestPoolWait(t *testing.T) {
+	p := newPoolProvider()
+	sb, err := kit.New(p, kit.Options{Policy: open, ReapInterval: -1, PoolWait: true,
+		Pool: []kit.PoolShape{{Image: "img", Network: sandbox.NetworkNone, Size: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Close(context.Background()) })
+	waitPool(t, sb)
+	gate := make(chan struct{})
+	p.mu.Lock()
+	p.gate = gate
+	p.mu.Unlock()
+	ctx := t.Context()
+	if _, err := sb.CreateSession(ctx, spec()); err != nil {
+		t.Fatal(err)
+	}
+	// The next create waits for the held refill, and is served by it.
+	done := make(chan error, 1)
+	go func() {
+		_, err := sb.CreateSession(ctx, spec())
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("the create did not wait for the pool: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st := sb.PoolStats(); st[0].Hits != 2 || st[0].Misses != 0 {
+		t.Errorf("PoolStats = %+v; want 2 hits and no miss", st)
+	}
+	// A create whose context ends while it waits fails with it.
+	p.mu.Lock()
+	p.gate = make(chan struct{})
+	p.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	if _, err := sb.CreateSession(cctx, spec()); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a create that waited out its context: %v; want context.DeadlineExceeded", err)
+	}
+}

@@ -33,3 +33,36 @@ func TestConformance(t *testing.T) {
 		}
 	}
 }
+
+// TestConformancePool runs the whole contract suite with a warm pool on,
+// every create of a pooled shape (the image on each tier the clause's
+// policy lets in) served from it: a session made ahead and handed out is
+// indistinguishable from one made cold. On crun with busybox and on runc
+// with the host image, the other two pairings of TestConformance.
+func TestConformancePool(t *testing.T) {
+	containertest.Require(t)
+	var hits containertest.PoolHits
+	for _, v := range []struct{ rt, image string }{{"crun", containertest.Busybox}, {"runc", "host"}} {
+		t.Run(v.rt+"/"+v.image, func(t *testing.T) {
+			if !containertest.HasRuntime(v.rt) {
+				t.Skipf("%s is not installed (apt-get install -y %s)", v.rt, v.rt)
+			}
+			so := containertest.SuiteOptions(v.image)
+			sandboxtest.Run(t, func(t *testing.T, c sandboxtest.Config) sandbox.Sandbox {
+				opts := containertest.Options(t, v.rt, c.Policy)
+				opts.ReapInterval = c.ReapInterval
+				opts.Logger = c.Logger
+				containertest.Pool(&opts, v.image)
+				sb := containertest.New(t, opts)
+				containertest.ServedFromPool(t, sb, &hits)
+				return sb
+			}, so)
+		})
+	}
+	t.Cleanup(func() {
+		if !t.Skipped() && hits.Load() == 0 {
+			t.Error("no create was served from a pool")
+		}
+		t.Logf("%d creates served from pools", hits.Load())
+	})
+}

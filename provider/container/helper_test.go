@@ -94,6 +94,23 @@ func forEachRuntimeMode(t *testing.T, fn func(t *testing.T, p *testProvider)) {
 		for _, mode := range userNSModes {
 			t.Run("userns-"+string(mode), func(t *testing.T) { fn(t, newProviderMode(t, rt, mode)) })
 		}
+		// And with a warm pool, every session served from it: a session
+		// made ahead holds no more than one made for its create.
+		t.Run("pool", func(t *testing.T) {
+			p := newProviderMode(t, rt, container.UserNamespaceOn, func(o *container.Options) {
+				for _, image := range images {
+					containertest.Pool(o, image)
+				}
+			})
+			var hits containertest.PoolHits
+			t.Cleanup(func() { // after ServedFromPool's, which counts the hits
+				if hits.Load() == 0 && !t.Failed() && !t.Skipped() {
+					t.Error("no session was served from the pool")
+				}
+			})
+			containertest.ServedFromPool(t, p.sb, &hits)
+			fn(t, p)
+		})
 	})
 }
 

@@ -1,0 +1,94 @@
+package container_test
+
+import (
+	"context"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/kit"
+	"github.com/tai42/sandbox/provider/container"
+	"github.com/tai42/sandbox/provider/container/containertest"
+)
+
+// poolMembers lists the bundles in the provider's sessions directory that
+// no session in ids owns: the pool's.
+func poolMembers(t *testing.T, opts container.Options, ids ...string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(opts.StateDir + "/container/sessions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		if !slices.Contains(ids, e.Name()) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// TestPoolSweptAfterCrash: the sessions a pool made ahead are in no
+// ledger: after a crash the next start sweeps them (containers, cgroups,
+// mounts, network namespaces), and brings back the live session taken
+// from the pool, with its caps.
+func TestPoolSweptAfterCrash(t *testing.T) {
+	containertest.Require(t)
+	opts := recoverOptions(t, "crun", container.UserNamespaceOn)
+	opts.Pool = []kit.PoolShape{
+		{Image: containertest.Busybox, Network: sandbox.NetworkNone, Size: 2},
+		{Image: sandbox.HostImage, Network: sandbox.NetworkInternal, Size: 1},
+	}
+	sbA, ledger, crash := crashable(t, opts)
+	ctx := ctxFor(t)
+	if err := sbA.WaitPool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sp := spec(containertest.Busybox, sandbox.NetworkNone)
+	sp.MemoryMB = 64
+	live, err := sbA.CreateSession(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := sbA.PoolStats(); st[0].Hits != 1 {
+		t.Fatalf("PoolStats = %+v; want the create served from the pool", st)
+	}
+	if err := sbA.WaitPool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	members := poolMembers(t, opts, live.ID())
+	if len(members) != 3 {
+		t.Fatalf("the pool holds %d sessions (%v), want 3", len(members), members)
+	}
+	crash()
+
+	opts.Pool = nil
+	opts.Ledger = ledger
+	sb, err := container.New(opts)
+	if err != nil {
+		t.Fatalf("a new provider on the crashed one's state directory: %v", err)
+	}
+	defer func() {
+		if err := sb.Close(context.Background()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	}()
+	for _, id := range members {
+		checkGone(t, opts, "a pool's session", id, 0)
+	}
+	back, err := sb.GetSession(ctx, live.ID())
+	if err != nil {
+		t.Fatalf("the session taken from the pool is not back: %v", err)
+	}
+	// Its memory cap came back with it: a command past it is killed, and
+	// said to be.
+	r, err := back.Exec(ctx, []string{"sh", "-c", "head -c 200000000 /dev/zero | tail > /dev/null"}, sandbox.ExecOptions{Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ExitCode == 0 {
+		t.Errorf("a command using 200 MB in a session of memory_mb 64 exited 0")
+	}
+}
