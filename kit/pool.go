@@ -61,6 +61,19 @@ func ParsePoolShape(s string) (PoolShape, error) {
 	return shape, nil
 }
 
+// ErrPoolRefused is matched (errors.Is) by New's error when it refuses
+// [Options.Pool]: a shape the policy, the provider or the machine's memory
+// cannot have, or whose first session cannot be made.
+var ErrPoolRefused = errors.New("the pool is refused")
+
+// poolRefused is err as an ErrPoolRefused.
+func poolRefused(err error) error { return poolError{err} }
+
+type poolError struct{ err error }
+
+func (e poolError) Error() string   { return "kit: " + e.err.Error() }
+func (e poolError) Unwrap() []error { return []error{e.err, ErrPoolRefused} }
+
 // Pooler is an optional interface of a [Provider] whose sessions the kit
 // may make ahead for a pool; the kit refuses a pool on any other. Its
 // sessions' [Resources] must implement [Claimer].
@@ -112,7 +125,7 @@ const (
 type pool struct {
 	s       *Sandbox
 	refills int
-	waits   bool // Options.PoolWait
+	waits   bool            // Options.PoolWait
 	ctx     context.Context // the refills' creates; cancelled at close
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup // the refill workers
@@ -154,9 +167,9 @@ func newPool(s *Sandbox, opts Options) (*pool, error) {
 	pl, ok := s.prov.(Pooler)
 	switch {
 	case !ok:
-		return nil, fmt.Errorf("kit: provider %s cannot keep sessions ready ahead (no pool)", s.prov.Name())
+		return nil, poolRefused(fmt.Errorf("provider %s cannot keep sessions ready ahead (no pool)", s.prov.Name()))
 	case s.shared != nil:
-		return nil, fmt.Errorf("kit: provider %s shares its ledger with other sandboxes, whose sweeps would take a pool's sessions for leftovers (no pool)", s.prov.Name())
+		return nil, poolRefused(fmt.Errorf("provider %s shares its ledger with other sandboxes, whose sweeps would take a pool's sessions for leftovers (no pool)", s.prov.Name()))
 	}
 	p := &pool{s: s, refills: opts.PoolRefills, waits: opts.PoolWait, kick: make(chan struct{}, 1), changed: make(chan struct{}), memory: memInfo}
 	if p.refills <= 0 {
@@ -166,7 +179,7 @@ func newPool(s *Sandbox, opts Options) (*pool, error) {
 	for _, sh := range opts.Pool {
 		spec := sandbox.SessionSpec{Image: sh.Image, Durability: sandbox.Ephemeral, Network: sh.Network,
 			Isolation: s.prov.Isolation(), TTLSeconds: 1}
-		why := func(err error) error { return fmt.Errorf("kit: pool %s: %w", sh, err) }
+		why := func(err error) error { return poolRefused(fmt.Errorf("pool %s: %w", sh, err)) }
 		switch {
 		case sh.Size < 1:
 			return nil, why(errors.New("its size must be at least 1"))
@@ -192,8 +205,8 @@ func newPool(s *Sandbox, opts Options) (*pool, error) {
 			for _, sh := range p.shapes {
 				names = append(names, "pool "+sh.PoolShape.String())
 			}
-			return nil, fmt.Errorf("kit: %s: %d sessions need about %d MiB (%d MiB each, idle), more than half the %d MiB this machine has available: make the pool smaller",
-				strings.Join(names, ", "), total, need>>20, pl.IdleBytes()>>20, avail>>20)
+			return nil, poolRefused(fmt.Errorf("%s: %d sessions need about %d MiB (%d MiB each, idle), more than half the %d MiB this machine has available: make the pool smaller",
+				strings.Join(names, ", "), total, need>>20, pl.IdleBytes()>>20, avail>>20))
 		}
 	}
 	return p, nil
@@ -211,11 +224,11 @@ func (p *pool) start() error {
 		}
 		res, err := p.s.prov.Create(p.ctx, CreateRequest{ID: id, Spec: sh.spec})
 		if err != nil {
-			return fmt.Errorf("kit: pool %s: its first session could not be made: %w", sh.PoolShape, err)
+			return poolRefused(fmt.Errorf("pool %s: its first session could not be made: %w", sh.PoolShape, err))
 		}
 		if _, ok := res.(Claimer); !ok {
 			_ = res.Destroy(context.Background())
-			return fmt.Errorf("kit: pool %s: provider %s's sessions cannot be handed out once made (no Claimer)", sh.PoolShape, p.s.prov.Name())
+			return poolRefused(fmt.Errorf("pool %s: provider %s's sessions cannot be handed out once made (no Claimer)", sh.PoolShape, p.s.prov.Name()))
 		}
 		sh.ready = append(sh.ready, member{id: id, res: res})
 		sh.stats.Refills++

@@ -345,6 +345,9 @@ func TestPoolRefused(t *testing.T) {
 				sb.Close(context.Background())
 				t.Fatalf("New made a sandbox; want it refused with %q", tc.want)
 			}
+			if !errors.Is(err, kit.ErrPoolRefused) {
+				t.Errorf("New: %v; want it to match kit.ErrPoolRefused", err)
+			}
 			if !strings.Contains(err.Error(), tc.want) || (tc.name != "not a Pooler" && !strings.Contains(err.Error(), "pool "+tc.shapes[0].String())) {
 				t.Errorf("New: %v; want it to name the shape and say %q", err, tc.want)
 			}
@@ -458,6 +461,10 @@ func TestPoolWait(t *testing.T) {
 		t.Fatalf("the create did not wait for the pool: %v", err)
 	case <-time.After(50 * time.Millisecond):
 	}
+	// The refill after this one is held for good.
+	p.mu.Lock()
+	p.gate = make(chan struct{})
+	p.mu.Unlock()
 	close(gate)
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -466,9 +473,6 @@ func TestPoolWait(t *testing.T) {
 		t.Errorf("PoolStats = %+v; want 2 hits and no miss", st)
 	}
 	// A create whose context ends while it waits fails with it.
-	p.mu.Lock()
-	p.gate = make(chan struct{})
-	p.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
 	defer cancel()
 	if _, err := sb.CreateSession(cctx, spec()); !errors.Is(err, context.DeadlineExceeded) {

@@ -105,8 +105,12 @@ func newMetrics(reg *prometheus.Registry, sb sandbox.Sandbox) (*metrics, error) 
 		})
 		reaped = m.reaped
 	}
-	for _, c := range []prometheus.Collector{m.created, m.rejectedVec, reaped, m.destroyed, m.execsStarted,
-		m.execDuration, m.bytes, m.requests, m.pulls, live} {
+	cs := []prometheus.Collector{m.created, m.rejectedVec, reaped, m.destroyed, m.execsStarted,
+		m.execDuration, m.bytes, m.requests, m.pulls, live}
+	if pr, ok := sb.(sandbox.PoolReporter); ok && len(pr.PoolStats()) > 0 {
+		cs = append(cs, poolCollector{pr})
+	}
+	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("server: registering metrics: %w", err)
 		}
@@ -139,6 +143,40 @@ func newMetrics(reg *prometheus.Registry, sb sandbox.Sandbox) (*metrics, error) 
 	m.pulls.WithLabelValues(pullOK)
 	m.pulls.WithLabelValues(pullOther)
 	return m, nil
+}
+
+// poolCollector reports a warm pool's figures, per shape (labels image
+// and network), as the sandbox counts them.
+type poolCollector struct{ pr sandbox.PoolReporter }
+
+var (
+	poolLabels    = []string{"image", "network"}
+	poolSize      = prometheus.NewDesc("tai42_pool_size", "Sessions the warm pool keeps ready of a shape.", poolLabels, nil)
+	poolReady     = prometheus.NewDesc("tai42_pool_ready", "Sessions of a shape ready in the warm pool now.", poolLabels, nil)
+	poolHits      = prometheus.NewDesc("tai42_pool_hits_total", "Creates of a pooled shape served from the warm pool.", poolLabels, nil)
+	poolMisses    = prometheus.NewDesc("tai42_pool_misses_total", "Creates of a pooled shape made cold: none was ready.", poolLabels, nil)
+	poolDiscarded = prometheus.NewDesc("tai42_pool_discarded_total", "Pooled sessions never handed out: dead at their take, or their image removed or replaced.", poolLabels, nil)
+	poolFailures  = prometheus.NewDesc("tai42_pool_refill_failures_total", "Creates of the warm pool's refill that failed.", poolLabels, nil)
+	poolRefill    = prometheus.NewDesc("tai42_pool_refill_seconds", "Time the warm pool's refill took to make a session.", poolLabels, nil)
+)
+
+func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{poolSize, poolReady, poolHits, poolMisses, poolDiscarded, poolFailures, poolRefill} {
+		ch <- d
+	}
+}
+
+func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, st := range c.pr.PoolStats() {
+		lv := []string{st.Image, string(st.Network)}
+		ch <- prometheus.MustNewConstMetric(poolSize, prometheus.GaugeValue, float64(st.Size), lv...)
+		ch <- prometheus.MustNewConstMetric(poolReady, prometheus.GaugeValue, float64(st.Ready), lv...)
+		ch <- prometheus.MustNewConstMetric(poolHits, prometheus.CounterValue, float64(st.Hits), lv...)
+		ch <- prometheus.MustNewConstMetric(poolMisses, prometheus.CounterValue, float64(st.Misses), lv...)
+		ch <- prometheus.MustNewConstMetric(poolDiscarded, prometheus.CounterValue, float64(st.Discarded), lv...)
+		ch <- prometheus.MustNewConstMetric(poolFailures, prometheus.CounterValue, float64(st.RefillFailures), lv...)
+		ch <- prometheus.MustNewConstSummary(poolRefill, st.Refills, st.RefillSeconds, nil, lv...)
+	}
 }
 
 // pulled counts a pull by its result.

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/api"
+	"github.com/tai42/sandbox/kit"
+	"github.com/tai42/sandbox/provider/host"
 )
 
 // scrape reads /metrics into "name{labels}" -> value.
@@ -205,5 +209,50 @@ func TestLogs(t *testing.T) {
 	if streamLine == nil || streamLine["status"] != float64(101) || streamLine["exit_code"] != float64(2) ||
 		streamLine["exec_end"] != "exit" || streamLine["session_id"] != info.ID {
 		t.Errorf("stream line %v", streamLine)
+	}
+}
+
+// pooled is a sandbox that reports a warm pool's figures.
+type pooled struct {
+	sandbox.Sandbox
+	stats []sandbox.PoolStats
+}
+
+func (p pooled) PoolStats() []sandbox.PoolStats { return p.stats }
+
+// TestPoolMetrics: a sandbox with a warm pool has its figures in /metrics,
+// per shape; one without has no pool series.
+func TestPoolMetrics(t *testing.T) {
+	sb, err := host.New(host.Options{Options: kit.Options{Policy: testPolicy}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sb.Close(context.Background()) })
+	e := newEnvOn(t, sb, pooled{sb, []sandbox.PoolStats{
+		{Image: "host", Network: sandbox.NetworkNone, Size: 8, Ready: 7, Hits: 12, Misses: 3, Refills: 19, RefillSeconds: 0.57, RefillFailures: 1, Discarded: 2},
+		{Image: "python:3.12", Network: sandbox.NetworkEgress, Size: 2},
+	}})
+	m := e.scrape()
+	for k, want := range map[string]float64{
+		`tai42_pool_size{image="host",network="none"}`:                          8,
+		`tai42_pool_ready{image="host",network="none"}`:                         7,
+		`tai42_pool_hits_total{image="host",network="none"}`:                    12,
+		`tai42_pool_misses_total{image="host",network="none"}`:                  3,
+		`tai42_pool_discarded_total{image="host",network="none"}`:               2,
+		`tai42_pool_refill_failures_total{image="host",network="none"}`:         1,
+		`tai42_pool_refill_seconds_count{image="host",network="none"}`:          19,
+		`tai42_pool_refill_seconds_sum{image="host",network="none"}`:            0.57,
+		`tai42_pool_size{image="python:3.12",network="egress"}`:                 2,
+		`tai42_pool_hits_total{image="python:3.12",network="egress"}`:           0,
+		`tai42_pool_refill_seconds_count{image="python:3.12",network="egress"}`: 0,
+	} {
+		if v, ok := m[k]; !ok || v != want {
+			t.Errorf("metric %s = %v (present %v), want %v", k, v, ok, want)
+		}
+	}
+	for k := range newEnv(t).scrape() {
+		if strings.HasPrefix(k, "tai42_pool_") {
+			t.Errorf("a sandbox without a pool has the series %s", k)
+		}
 	}
 }

@@ -70,6 +70,8 @@ type serveFlags struct {
 	diskMB          int
 	diskInodes      int64
 	diskReserveMB   int
+	pool            []string
+	poolRefills     int
 	images          imageFlags
 	kube            kubeFlags
 }
@@ -105,6 +107,8 @@ func addServeFlags(fl *pflag.FlagSet, f *serveFlags) {
 	fl.IntVar(&f.diskMB, "disk-mb", defaultDiskMB, "the container provider's disk cap per session, in MiB: its root's writes, /tmp and workspace together (a persistent workspace has a cap of this size of its own); 0 turns the cap off")
 	fl.Int64Var(&f.diskInodes, "disk-inodes", 0, "the files a session's disk holds at most (default: one per 16 KiB of --disk-mb)")
 	fl.IntVar(&f.diskReserveMB, "disk-reserve-mb", defaultDiskReserveMB, "refuse creates while the state directory's filesystem has less than this free, in MiB")
+	fl.StringSliceVar(&f.pool, "pool", nil, "keep `IMAGE:NETWORK=N` sessions ready ahead of the creates (a warm pool; e.g. host:none=8): an ephemeral create of that image and network takes one; repeatable")
+	fl.IntVar(&f.poolRefills, "pool-refills", kit.DefaultPoolRefills, "how many pool sessions are made at once (the refill runs at the lowest CPU priority, after the creates)")
 	addImageFlags(fl, &f.images)
 	addKubeFlags(fl, &f.kube)
 }
@@ -149,6 +153,8 @@ var serveSettings = append([]setting{
 	{"disk-mb", "TAI42_DISK_MB", "disk.mb"},
 	{"disk-inodes", "TAI42_DISK_INODES", "disk.inodes"},
 	{"disk-reserve-mb", "TAI42_DISK_RESERVE_MB", "disk.reserve_mb"},
+	{"pool", "TAI42_POOL", "pool.shapes"},
+	{"pool-refills", "TAI42_POOL_REFILLS", "pool.refills"},
 }, append(imageSettings, kubeSettings...)...)
 
 // fileConfig is the layout of the config file. A nil field, or an empty
@@ -199,6 +205,10 @@ type fileConfig struct {
 		Mirrors  []string `toml:"mirrors"`
 		Insecure []string `toml:"insecure"`
 	} `toml:"registry"`
+	Pool struct {
+		Shapes  []string `toml:"shapes"`
+		Refills *int64   `toml:"refills"`
+	} `toml:"pool"`
 	Kubernetes struct {
 		Kubeconfig       *string  `toml:"kubeconfig"`
 		Namespace        *string  `toml:"namespace"`
@@ -248,7 +258,7 @@ func loadConfigFile(path string) (map[string]string, error) {
 		for i, k := range und {
 			keys[i] = k.String()
 		}
-		return nil, fmt.Errorf("config file %s: unknown key(s) %s (known: listen, state_dir, provider, runtime, net_prefix, token_file, exec_default_timeout, reap_interval, log_level, log_format, [tls] cert and key, [policy] egress, isolation, durable and scrub_transcript, [limits] max_body_bytes, max_output_bytes, mcp_max_result_bytes and shutdown_grace, [egress] allow, deny, allow_domains and dns, [disk] mb, inodes and reserve_mb, [images] pull and max_size, [registry] mirrors and insecure, [kubernetes] kubeconfig, namespace, agent_image, pod_user, runtime_class, image_pull_secrets, storage_class, create_timeout, network_probe_image, trust_network_policy and workspace_size)",
+		return nil, fmt.Errorf("config file %s: unknown key(s) %s (known: listen, state_dir, provider, runtime, net_prefix, token_file, exec_default_timeout, reap_interval, log_level, log_format, [tls] cert and key, [policy] egress, isolation, durable and scrub_transcript, [limits] max_body_bytes, max_output_bytes, mcp_max_result_bytes and shutdown_grace, [egress] allow, deny, allow_domains and dns, [disk] mb, inodes and reserve_mb, [pool] shapes and refills, [images] pull and max_size, [registry] mirrors and insecure, [kubernetes] kubeconfig, namespace, agent_image, pod_user, runtime_class, image_pull_secrets, storage_class, create_timeout, network_probe_image, trust_network_policy and workspace_size)",
 			path, strings.Join(keys, ", "))
 	}
 	out := map[string]string{}
@@ -292,11 +302,12 @@ func loadConfigFile(path string) (map[string]string, error) {
 		}
 	}
 	for key, v := range map[string][]string{"egress.allow": fc.Egress.Allow, "egress.deny": fc.Egress.Deny, "egress.allow_domains": fc.Egress.AllowDomains, "egress.dns": fc.Egress.DNS,
-		"registry.mirrors": fc.Registry.Mirrors, "registry.insecure": fc.Registry.Insecure, "kubernetes.image_pull_secrets": fc.Kubernetes.ImagePullSecrets} {
+		"registry.mirrors": fc.Registry.Mirrors, "registry.insecure": fc.Registry.Insecure, "kubernetes.image_pull_secrets": fc.Kubernetes.ImagePullSecrets,
+		"pool.shapes": fc.Pool.Shapes} {
 		if len(v) > 0 {
 			for _, e := range v {
 				if strings.Contains(e, ",") {
-					return nil, fmt.Errorf("config file %s: %s: %q holds a comma, which no CIDR, address, domain name, registry or Secret name does", path, key, e)
+					return nil, fmt.Errorf("config file %s: %s: %q holds a comma, which no CIDR, address, domain name, registry, Secret name or pool shape does", path, key, e)
 				}
 			}
 			out[key] = strings.Join(v, ",")
@@ -309,6 +320,7 @@ func loadConfigFile(path string) (map[string]string, error) {
 		"disk.mb":                     fc.Disk.MB,
 		"disk.inodes":                 fc.Disk.Inodes,
 		"disk.reserve_mb":             fc.Disk.ReserveMB,
+		"pool.refills":                fc.Pool.Refills,
 	} {
 		if v != nil {
 			out[key] = strconv.FormatInt(*v, 10)
@@ -346,6 +358,8 @@ type serveConfig struct {
 	logFormat      string
 	egress         egressConfig
 	disk           diskConfig
+	pool           []kit.PoolShape
+	poolRefills    int
 	images         imageConfig
 	kube           kubeConfig
 	// reload resolves the configuration again as at start (the same
@@ -604,6 +618,17 @@ func (f *serveFlags) validate(lookupEnv func(string) (string, bool)) (serveConfi
 		return serveConfig{}, fmt.Errorf("--disk-reserve-mb must be >= 0, got %d", f.diskReserveMB)
 	}
 	cfg.disk = diskConfig{mb: f.diskMB, inodes: f.diskInodes, reserveMB: f.diskReserveMB, resolved: true}
+	for _, v := range f.pool {
+		shape, err := kit.ParsePoolShape(v)
+		if err != nil {
+			return serveConfig{}, fmt.Errorf("--pool: %w", err)
+		}
+		cfg.pool = append(cfg.pool, shape)
+	}
+	if f.poolRefills < 1 {
+		return serveConfig{}, fmt.Errorf("--pool-refills must be at least 1, got %d", f.poolRefills)
+	}
+	cfg.poolRefills = f.poolRefills
 	if cfg.images, err = f.images.validate(); err != nil {
 		return serveConfig{}, err
 	}

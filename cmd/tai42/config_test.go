@@ -59,8 +59,9 @@ func TestExampleConfigLoads(t *testing.T) {
 		maxBodyBytes: 1 << 30, maxOutputBytes: 64 << 20, mcpResultBytes: 64 << 10,
 		policy:   sandbox.Policy{Egress: sandbox.NetworkEgress, Isolation: sandbox.IsolationNone, Durable: true},
 		logLevel: slog.LevelInfo, logFormat: "json",
-		disk:   diskConfig{mb: 10240, reserveMB: 1024, resolved: true},
-		images: imageConfig{pull: container.PullMissing, maxSize: 20 << 30},
+		disk:        diskConfig{mb: 10240, reserveMB: 1024, resolved: true},
+		poolRefills: 1,
+		images:      imageConfig{pull: container.PullMissing, maxSize: 20 << 30},
 	}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("example config:\n %+v\nwant\n %+v", cfg, want)

@@ -6,6 +6,7 @@ import (
 	"syscall"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/kit"
 )
 
 // Exit codes of tai42 itself. A command's own exit code passes through, so
@@ -47,7 +48,8 @@ func (e *usageError) Unwrap() error { return e.err }
 func usagef(err error) error { return &usageError{err} }
 
 // errorExitCode maps an error to tai42's exit code: 124 for an exec
-// timeout; 2 for a usage error, a rejected spec or an unavailable provider;
+// timeout; 2 for a usage error, a rejected spec, an unavailable provider or
+// a refused pool;
 // 1 for anything else.
 func errorExitCode(err error) int {
 	var ue *usageError
@@ -58,7 +60,8 @@ func errorExitCode(err error) int {
 		return exitTimeout
 	case errors.As(err, &ue),
 		errors.Is(err, sandbox.ErrSpecRejected),
-		errors.Is(err, sandbox.ErrUnavailable):
+		errors.Is(err, sandbox.ErrUnavailable),
+		errors.Is(err, kit.ErrPoolRefused):
 		return exitUsage
 	}
 	return exitFailure

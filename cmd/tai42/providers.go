@@ -49,6 +49,10 @@ type providerConfig struct {
 	kube kubeConfig
 	// logger receives the provider's lifecycle events; nil discards them.
 	logger *slog.Logger
+	// pool are the shapes of session kept ready ahead (the daemon's), made
+	// poolRefills at a time; none in a one-shot run.
+	pool        []kit.PoolShape
+	poolRefills int
 	// durable makes the provider keep its sessions in a durable ledger,
 	// <stateDir>/<provider>/ledger.db, and bring them back after a crash
 	// (the daemon); else the ledger is in memory (a one-shot run).
@@ -149,6 +153,8 @@ func (c providerConfig) kitOptions(l kit.Ledger) kit.Options {
 		ExecDefaultTimeout: c.execTimeout,
 		Logger:             c.logger,
 		Ledger:             l,
+		Pool:               c.pool,
+		PoolRefills:        c.poolRefills,
 	}
 }
 

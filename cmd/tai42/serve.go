@@ -207,6 +207,8 @@ func (c *cli) serve(cfg serveConfig) error {
 		netPrefix:      cfg.netPrefix,
 		egress:         cfg.egress,
 		disk:           cfg.disk,
+		pool:           cfg.pool,
+		poolRefills:    cfg.poolRefills,
 		images:         cfg.images,
 		kube:           cfg.kube,
 		logger:         log,

@@ -254,6 +254,10 @@ func TestServeStartErrors(t *testing.T) {
 		"host with a cap":    {[]string{"--disk-mb", "100", "--listen", "127.0.0.1:0"}, 2, "cannot cap a session's disk"},
 		"bad fence":          {[]string{"--egress-allow", "10.1.2.3/8"}, 2, "10.1.2.3/8"},
 		"bad domain":         {[]string{"--egress-allow-domain", "*"}, 2, `"*"`},
+		"host with a pool":   {[]string{"--pool", "host:none=2", "--listen", "127.0.0.1:0"}, 2, "provider host cannot keep sessions ready ahead"},
+		"bad pool":           {[]string{"--pool", "host=2"}, 2, "IMAGE:NETWORK=N"},
+		"bad pool size":      {[]string{"--pool", "host:none=0"}, 2, "≥ 1"},
+		"pool refills":       {[]string{"--pool", "host:none=1", "--pool-refills", "0"}, 2, "--pool-refills"},
 	} {
 		s := startServe(t, map[string]string{tokenEnv: testToken}, append([]string{"--state-dir", state}, tc.args...)...)
 		code := s.exited(t)
