@@ -2,9 +2,11 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"debug/elf"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -397,4 +399,130 @@ func TestBinaryContainerPull(t *testing.T) {
 	if code != 0 || out != ref+"\n" {
 		t.Errorf("image ls after the pull on create: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
+}
+
+// metricsOf is GET /metrics of the daemon at addr: "name{labels}" -> value.
+func metricsOf(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	req, _ := http.NewRequest("GET", "http://"+addr+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]float64{}
+	for line := range strings.SplitSeq(string(body), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			m[line[:i]] = v
+		}
+	}
+	return m
+}
+
+// TestBinaryContainerPool: "tai42 serve --pool" keeps sessions ready on
+// the container provider and serves creates from them (in /metrics), and
+// refuses to start, exit 2 with the reason, on a pool the policy, the
+// image store or the machine's memory cannot have.
+func TestBinaryContainerPool(t *testing.T) {
+	requireContainer(t)
+	bin := buildBinary(t)
+	env := []string{"PATH=" + os.Getenv("PATH"), "TAI42_TOKEN=" + testToken}
+	state := t.TempDir()
+	for name, tc := range map[string]struct {
+		args []string
+		msg  string
+	}{
+		"policy":  {[]string{"--pool", "host:egress=1", "--policy-egress", "internal"}, `pool host:egress=1: sandbox: spec rejected (network: violates the operator policy)`},
+		"image":   {[]string{"--pool", "nosuch:none=1", "--pull", "never"}, `pool nosuch:none=1: sandbox: spec rejected (image: the provider cannot enforce it): image "nosuch" is not in the local store`},
+		"memory":  {[]string{"--pool", "host:none=10000000"}, "more than half"},
+	} {
+		code, errOut := runServeToExit(t, bin, env, append([]string{"--listen", "127.0.0.1:0", "--state-dir", state, "--provider", "container", "--net-prefix", "t42pl"}, tc.args...)...)
+		if code != 2 || !strings.Contains(errOut, tc.msg) {
+			t.Errorf("%s: exit %d, stderr %q; want 2 saying %q", name, code, errOut, tc.msg)
+		}
+	}
+
+	d := startDaemonProc(t, bin, env, "--listen", "127.0.0.1:0", "--state-dir", state, "--provider", "container",
+		"--net-prefix", "t42pl", "--pool", "host:none=2", "--pool", "host:internal=1", "--policy-egress", "internal")
+	run := func(args ...string) (string, string, int) {
+		t.Helper()
+		return runBinary(t, bin, append(env, "TAI42_URL=http://"+d.addr), "", args...)
+	}
+	waitMetric := func(key string, want float64) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if v := metricsOf(t, d.addr)[key]; v == want {
+				return
+			} else if time.Now().After(deadline) {
+				t.Fatalf("metric %s = %v after 30s, want %v", key, v, want)
+			}
+		}
+	}
+	none := `{image="host",network="none"}`
+	waitMetric("tai42_pool_ready"+none, 2)
+	out, errOut, code := run("create", "--memory-mb", "64", "--label", "k=v")
+	id := strings.TrimSpace(out)
+	if code != 0 {
+		t.Fatalf("create: exit %d, %s", code, errOut)
+	}
+	waitMetric("tai42_pool_hits_total"+none, 1)
+	waitMetric("tai42_pool_ready"+none, 2) // refilled
+	if m := metricsOf(t, d.addr); m["tai42_pool_misses_total"+none] != 0 || m["tai42_pool_size"+none] != 2 || m[`tai42_pool_size{image="host",network="internal"}`] != 1 {
+		t.Errorf("pool metrics after one create: %v", m)
+	}
+	out, errOut, code = run("exec", id, "--", "echo", "hi")
+	if code != 0 || out != "hi\n" {
+		t.Errorf("exec in the pooled session: exit %d, %q, %s", code, out, errOut)
+	}
+	// Its memory cap, set when it was taken, is its cgroup's (v1 or v2).
+	found := false
+	for _, f := range []string{"/sys/fs/cgroup/memory/tai42/" + id + "/memory.limit_in_bytes", "/sys/fs/cgroup/tai42/" + id + "/memory.max"} {
+		if b, err := os.ReadFile(f); err == nil {
+			found = true
+			if strings.TrimSpace(string(b)) != strconv.Itoa(64<<20) {
+				t.Errorf("%s holds %q, want 64 MiB", f, b)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("session %s has no memory cgroup on the host", id)
+	}
+	run("rm", id)
+	if code, _ := d.stop(t); code != 0 {
+		t.Errorf("the daemon exited %d on SIGTERM; stderr:\n%s", code, d.stderr.String())
+	}
+	// Nothing of the pool is left in the state directory.
+	if entries, _ := os.ReadDir(filepath.Join(state, "container", "sessions")); len(entries) > 0 {
+		t.Errorf("after the daemon stopped, session bundles are left: %v", entries)
+	}
+}
+
+// runServeToExit runs "BIN serve ARGS..." to its exit (within 60 s) and
+// returns its exit code and stderr.
+func runServeToExit(t *testing.T, bin string, env []string, args ...string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, append([]string{"serve"}, args...)...)
+	cmd.Env = env
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode(), stderr.String()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return 0, stderr.String()
 }
