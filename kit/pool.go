@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tai42/sandbox"
@@ -104,8 +105,9 @@ const (
 	// DefaultPoolRefills is how many sessions a pool makes at once.
 	DefaultPoolRefills = 1
 	// poolRefillQuiet and poolRefillMaxDefer: a refill waits until no
-	// cold create has run for poolRefillQuiet, but no longer than
-	// poolRefillMaxDefer, so that it does not compete with them.
+	// create (cold, or a take and the first exec after it) has run for
+	// poolRefillQuiet, but no longer than poolRefillMaxDefer, so that it
+	// does not compete with them.
 	poolRefillQuiet    = 20 * time.Millisecond
 	poolRefillMaxDefer = time.Second
 	// A refill waits while the machine has less than this fraction of
@@ -130,7 +132,10 @@ type pool struct {
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup // the refill workers
 	kick    chan struct{}  // a take or a change: look for work
-	memory  func() (avail, total int64, ok bool)
+	// busy is when (UnixNano) the sessions were last used (an exec
+	// began): the refill waits for a quiet moment.
+	busy   atomic.Int64
+	memory func() (avail, total int64, ok bool)
 
 	mu         sync.Mutex
 	shapes     []*poolShape
@@ -138,7 +143,8 @@ type pool struct {
 	closed     bool
 	abandoned  bool
 	creating   int       // cold creates under way, which a refill waits for
-	lastCreate time.Time // when the last cold create ended
+	lastCreate time.Time // when the last cold create ended, or the last take began
+	lastRefill time.Time // when the refill last made a session (or began)
 }
 
 // poolShape is one shape's state, guarded by the pool's mutex.
@@ -222,7 +228,7 @@ func (p *pool) start() error {
 		if err != nil {
 			return err
 		}
-		res, err := p.s.prov.Create(p.ctx, CreateRequest{ID: id, Spec: sh.spec})
+		res, err := p.s.prov.Create(p.ctx, CreateRequest{ID: id, Spec: sh.spec, Ahead: true})
 		if err != nil {
 			return poolRefused(fmt.Errorf("pool %s: its first session could not be made: %w", sh.PoolShape, err))
 		}
@@ -233,6 +239,7 @@ func (p *pool) start() error {
 		sh.ready = append(sh.ready, member{id: id, res: res})
 		sh.stats.Refills++
 	}
+	p.lastRefill = time.Now()
 	for range p.refills {
 		p.wg.Add(1)
 		go p.worker()
@@ -286,6 +293,8 @@ func (p *pool) take(ctx context.Context, spec sandbox.SessionSpec) (*member, err
 		m := sh.ready[0]
 		sh.ready = sh.ready[1:]
 		sh.failed = nil
+		// The refill waits for this create too, and its first exec.
+		p.lastCreate = time.Now()
 		p.notify()
 		p.mu.Unlock()
 		p.wake()
@@ -400,18 +409,24 @@ func (p *pool) next() (*poolShape, uint64, time.Duration) {
 	return best, best.gen, 0
 }
 
-// busyFor is how long a refill should still wait for the cold creates;
-// p.mu must be held.
+// busyFor is how long a refill should still wait for the sessions in
+// use: until nothing (a create, a take, an exec) has happened for
+// poolRefillQuiet, but no longer than poolRefillMaxDefer after the last
+// refill, so that under a steady load the pool is still refilled, one
+// session a poolRefillMaxDefer; p.mu must be held.
 func (p *pool) busyFor(now time.Time) time.Duration {
-	if p.creating == 0 {
-		return max(0, poolRefillQuiet-now.Sub(p.lastCreate))
+	last := p.lastCreate
+	if used := time.Unix(0, p.busy.Load()); used.After(last) {
+		last = used
 	}
-	// Under a steady stream of creates, a refill still runs once every
-	// poolRefillMaxDefer.
-	if since := now.Sub(p.lastCreate); since < poolRefillMaxDefer {
-		return min(poolRefillQuiet, poolRefillMaxDefer-since)
+	if p.creating == 0 && now.Sub(last) >= poolRefillQuiet {
+		return 0
 	}
-	return 0
+	deadline := p.lastRefill.Add(poolRefillMaxDefer)
+	if !now.Before(deadline) {
+		return 0
+	}
+	return min(poolRefillQuiet, deadline.Sub(now))
 }
 
 // refill makes one member of sh (counted in the making by next).
@@ -420,11 +435,12 @@ func (p *pool) refill(sh *poolShape, gen uint64) {
 	var res Resources
 	t0 := time.Now()
 	if err == nil {
-		res, err = p.s.prov.Create(p.ctx, CreateRequest{ID: id, Spec: sh.spec})
+		res, err = p.s.prov.Create(p.ctx, CreateRequest{ID: id, Spec: sh.spec, Ahead: true})
 	}
 	took := time.Since(t0)
 	p.mu.Lock()
 	sh.making--
+	p.lastRefill = time.Now()
 	switch {
 	case err != nil:
 		sh.stats.RefillFailures++
@@ -577,6 +593,13 @@ func (p *pool) close(abandon bool) {
 		})
 	}
 	wg.Wait()
+}
+
+// active notes that a session is in use, which a refill waits for.
+func (s *Sandbox) active() {
+	if s.pool != nil {
+		s.pool.busy.Store(time.Now().UnixNano())
+	}
 }
 
 // PoolStats implements [sandbox.PoolReporter]: nil without a pool.

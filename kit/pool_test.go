@@ -479,3 +479,41 @@ func TestPoolWait(t *testing.T) {
 		t.Errorf("a create that waited out its context: %v; want context.DeadlineExceeded", err)
 	}
 }
+
+// TestPoolRefillWaitsForLoad: while the sessions are in use (execs) the
+// refill waits, but no longer than a second after its last session; once
+// they are idle it refills at once.
+func TestPoolRefillWaitsForLoad(t *testing.T) {
+	p := newPoolProvider()
+	sb := newPoolKit(t, p, kit.PoolShape{Image: "img", Network: sandbox.NetworkNone, Size: 1})
+	waitPool(t, sb)
+	ctx := t.Context()
+	s, err := sb.CreateSession(ctx, spec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	made := p.created.Load()
+	load := func(d time.Duration) {
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			if _, err := s.Exec(ctx, []string{"true"}, sandbox.ExecOptions{Timeout: time.Second}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	load(300 * time.Millisecond)
+	if n := p.created.Load() - made; n != 0 {
+		t.Errorf("the pool made %d sessions while execs ran, within a second of its last", n)
+	}
+	load(time.Second)
+	if n := p.created.Load() - made; n != 1 {
+		t.Errorf("after 1.3s of execs the pool made %d sessions, want its 1 (a refill defers a second at most)", n)
+	}
+	// Idle: a take is refilled within the quiet period.
+	if _, err := sb.CreateSession(ctx, spec()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if st := sb.PoolStats(); st[0].Ready != 1 || st[0].Hits != 2 {
+		t.Errorf("PoolStats = %+v; want the second take refilled at once", st)
+	}
+}

@@ -84,6 +84,11 @@ type CreateRequest struct {
 	// Spec is validated and policy-checked; Spec.Isolation is resolved
 	// (never "").
 	Spec sandbox.SessionSpec
+	// Ahead says the session is made ahead for a pool ([Options.Pool]),
+	// in the background: the provider may spend time now to make its
+	// take and first exec faster (warm its agent), and must still leave
+	// it as a cold create would.
+	Ahead bool
 }
 
 // Resources is one live session's runtime side.

@@ -172,6 +172,7 @@ func (ss *session) ExecStart(ctx context.Context, argv []string, opts sandbox.St
 }
 
 func (ss *session) execRequest(ctx context.Context, op string, argv []string, cwd string, env map[string]sandbox.Secret, timeout time.Duration, user string) (ExecRequest, error) {
+	ss.kit.active()
 	if err := ss.live(ctx, op); err != nil {
 		return ExecRequest{}, err
 	}

@@ -30,7 +30,9 @@ func ourName(rt, image string) string {
 }
 
 // BenchmarkCreateFirstExec: a new session until its first exec of
-// /bin/true has finished (create + Exec; the destroy is not timed); beside
+// /bin/true has finished (create + Exec; the destroy is not timed), made
+// cold and (-pool) taken from a warm pool at rest (the wait for its
+// refill is not timed); beside
 // it `runc run` / `crun run` of /bin/true (create + start + exit +
 // delete), `docker run --rm --network none IMAGE true` (the same through
 // docker), and `docker create` + `docker start` + `docker exec` (a
@@ -39,6 +41,9 @@ func BenchmarkCreateFirstExec(b *testing.B) {
 	var peers []peer
 	for _, v := range ourPeers {
 		peers = append(peers, peer{ourName(v.rt, v.image), func(b *testing.B) { oursCreateFirstExec(b, v.rt, v.image) }})
+	}
+	for _, v := range ourPeers {
+		peers = append(peers, peer{ourName(v.rt, v.image) + "-pool", func(b *testing.B) { pooledCreateFirstExec(b, v.rt, v.image) }})
 	}
 	peers = append(peers,
 		peer{"bare-runc", func(b *testing.B) { bareRun(b, "runc") }},

@@ -36,8 +36,11 @@ type agentLoad struct {
 }
 
 // args is PID 1's command line.
-func (a agentLoad) args() []string {
-	cmd := []string{agentPath, "agent", "--listen-fd", "3"}
+func (a agentLoad) args() []string { return a.run("agent", "--listen-fd", "3") }
+
+// run is the command line of the agent binary run with args in a session.
+func (a agentLoad) run(args ...string) []string {
+	cmd := append([]string{agentPath}, args...)
 	if a.loader == "" {
 		return cmd
 	}

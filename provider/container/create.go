@@ -65,6 +65,7 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 		undo.Step{Name: "log", Do: c.openLog},
 		undo.Step{Name: "container", Do: c.container},
 		undo.Step{Name: "agent", Do: c.agent},
+		undo.Step{Name: "warm", Do: c.warm},
 	); err != nil {
 		return nil, err
 	}
@@ -589,6 +590,29 @@ func (c *creation) agent() (undo.Func, error) {
 	if err := r.agent.Ping(pctx); err != nil {
 		msg := tail(c.log.Name(), 2048)
 		return nil, c.p.diskFull(r, fmt.Errorf("the session's agent did not answer: %w%s", err, ifNotEmpty("; its log: ", msg)))
+	}
+	return nil, nil
+}
+
+// warm runs one command in a session made ahead for a pool (the agent
+// binary's version, which every session has), best effort: a session's
+// first exec costs about a millisecond more than the next ones (the
+// agent's and the kernel's first process in it), which a pool's refill
+// pays instead of the create that takes the session. It leaves nothing
+// in the session but the process ids it used.
+func (c *creation) warm() (undo.Func, error) {
+	if !c.req.Ahead {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+	defer cancel()
+	res, err := c.r.ex.Exec(ctx, kit.ExecRequest{Argv: c.p.agent.run("version"),
+		Cwd: kit.Path{Rel: ".", Abs: workspaceDir, Orig: "."}, Timeout: 10 * time.Second})
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("exit %d: %.200s", res.ExitCode, res.Stderr)
+	}
+	if err != nil && c.ctx.Err() == nil {
+		c.p.log.Debug("container: warming a session made ahead failed; it is handed out all the same", "id", c.req.ID, "err", err)
 	}
 	return nil, nil
 }
