@@ -115,9 +115,9 @@ const (
 	// need.
 	poolMinAvailable = 0.10
 	// After a failed refill, the shape's next one waits from
-	// poolRetryMin, doubling up to poolRetryMax.
-	poolRetryMin = 100 * time.Millisecond
-	poolRetryMax = 30 * time.Second
+	// poolRetryFirst, doubling up to poolRetryLongest.
+	poolRetryFirst   = 100 * time.Millisecond
+	poolRetryLongest = 30 * time.Second
 )
 
 // pool keeps [PoolShape]s of sessions made ahead. Its members are in no
@@ -446,7 +446,7 @@ func (p *pool) refill(sh *poolShape, gen uint64) {
 		sh.stats.RefillFailures++
 		sh.fails++
 		sh.failed = err
-		sh.retry = time.Now().Add(min(poolRetryMax, poolRetryMin<<min(sh.fails-1, 16)))
+		sh.retry = time.Now().Add(min(poolRetryLongest, poolRetryFirst<<min(sh.fails-1, 16)))
 		p.notify()
 		closed := p.closed
 		p.mu.Unlock()

@@ -441,9 +441,9 @@ func TestBinaryContainerPool(t *testing.T) {
 		args []string
 		msg  string
 	}{
-		"policy":  {[]string{"--pool", "host:egress=1", "--policy-egress", "internal"}, `pool host:egress=1: sandbox: spec rejected (network: violates the operator policy)`},
-		"image":   {[]string{"--pool", "nosuch:none=1", "--pull", "never"}, `pool nosuch:none=1: sandbox: spec rejected (image: the provider cannot enforce it): image "nosuch" is not in the local store`},
-		"memory":  {[]string{"--pool", "host:none=10000000"}, "more than half"},
+		"policy": {[]string{"--pool", "host:egress=1", "--policy-egress", "internal"}, `pool host:egress=1: sandbox: spec rejected (network: violates the operator policy)`},
+		"image":  {[]string{"--pool", "nosuch:none=1", "--pull", "never"}, `pool nosuch:none=1: sandbox: spec rejected (image: the provider cannot enforce it): image "nosuch" is not in the local store`},
+		"memory": {[]string{"--pool", "host:none=10000000"}, "more than half"},
 	} {
 		code, errOut := runServeToExit(t, bin, env, append([]string{"--listen", "127.0.0.1:0", "--state-dir", state, "--provider", "container", "--net-prefix", "t42pl"}, tc.args...)...)
 		if code != 2 || !strings.Contains(errOut, tc.msg) {
