@@ -339,6 +339,8 @@ mem = [
     (M+"runc-host", "the same, host image"),
     (M+"crun-busybox", "the same on crun"),
     (M+"crun-host", "the same, host image"),
+    (M+"runc-busybox-pool", "taken from a warm pool (ran its warm-up too)"),
+    (M+"crun-busybox-pool", "the same on crun"),
     (M+"docker", "idle container: its cgroup + its shim's PSS"),
 ]
 rows = []

@@ -369,14 +369,18 @@ func dockerCreateDestroy(b *testing.B) {
 
 // BenchmarkIdleMemory: what an idle session costs in memory, as the median
 // over BENCH_IDLE_SESSIONS sessions that each ran one exec and then idled
-// for BENCH_IDLE_SETTLE: its cgroup's charge plus the agent's PSS; beside
+// for BENCH_IDLE_SETTLE: its cgroup's charge plus the agent's PSS; made
+// cold, and (-pool) taken from a warm pool of as many, full first; beside
 // an idle docker container (`sleep`, after one `docker exec`): its
 // cgroup's charge plus its containerd shim's PSS. Run it with -benchtime
 // 1x; ns/op means nothing here.
 func BenchmarkIdleMemory(b *testing.B) {
 	var peers []peer
 	for _, v := range ourPeers {
-		peers = append(peers, peer{ourName(v.rt, v.image), func(b *testing.B) { oursIdle(b, v.rt, v.image) }})
+		peers = append(peers, peer{ourName(v.rt, v.image), func(b *testing.B) { oursIdle(b, v.rt, v.image, false) }})
+	}
+	for _, rt := range []string{"runc", "crun"} {
+		peers = append(peers, peer{ourName(rt, containertest.Busybox) + "-pool", func(b *testing.B) { oursIdle(b, rt, containertest.Busybox, true) }})
 	}
 	peers = append(peers, peer{"docker", dockerIdle})
 	runPeers(b, peers)
@@ -404,13 +408,21 @@ func reportMemory(b *testing.B, ms []idleMemory) {
 	b.ReportMetric(med(idleMemory.unique), "unique-B")
 }
 
-func oursIdle(b *testing.B, rt, image string) {
+func oursIdle(b *testing.B, rt, image string, pooled bool) {
 	n := envInt(b, "BENCH_IDLE_SESSIONS", 5)
 	settle := envDuration(b, "BENCH_IDLE_SETTLE", 2*time.Second)
-	sb, _ := newProvider(b, rt)
+	var sb *tracked
+	if pooled {
+		sb = newPooled(b, rt, image, n)
+	} else {
+		sb, _ = newProvider(b, rt)
+	}
 	ctx := context.Background()
 	var ms []idleMemory
 	for b.Loop() {
+		if pooled {
+			waitPool(b, sb)
+		}
 		ids := make([]string, 0, n)
 		for range n {
 			s, err := sb.CreateSession(ctx, sessionSpec(image))
@@ -434,6 +446,11 @@ func oursIdle(b *testing.B, rt, image string) {
 			if err := sb.DestroySession(ctx, id); err != nil {
 				b.Fatal(err)
 			}
+		}
+	}
+	if pooled {
+		if st := sb.PoolStats(); st[0].Misses > 0 {
+			b.Fatalf("%d of the sessions were made cold: %+v", st[0].Misses, st)
 		}
 	}
 	reportMemory(b, ms)

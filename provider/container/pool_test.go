@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -91,4 +92,43 @@ func TestPoolSweptAfterCrash(t *testing.T) {
 	if r.ExitCode == 0 {
 		t.Errorf("a command using 200 MB in a session of memory_mb 64 exited 0")
 	}
+}
+
+// TestPoolDeadSessionNeverHandedOut: a session made ahead whose agent died
+// while it waited is found at its take, destroyed, and not handed out;
+// the create gets a working session.
+func TestPoolDeadSessionNeverHandedOut(t *testing.T) {
+	containertest.Require(t)
+	opts := containertest.Options(t, "crun", permissive)
+	opts.ReapInterval = -1
+	opts.Pool = []kit.PoolShape{{Image: containertest.Busybox, Network: sandbox.NetworkNone, Size: 1}}
+	sb := containertest.New(t, opts)
+	ctx := ctxFor(t)
+	if err := sb.WaitPool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	members := poolMembers(t, opts)
+	if len(members) != 1 {
+		t.Fatalf("the pool holds %v, want one session", members)
+	}
+	dead := members[0]
+	pid := bundlePID(t, opts, dead)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitDead(t, pid)
+	s, err := sb.CreateSession(ctx, spec(containertest.Busybox, sandbox.NetworkNone))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ID() == dead {
+		t.Fatalf("the session %s, whose agent was killed, was handed out", dead)
+	}
+	if out := mustSh(t, s, "echo alive"); out != "alive\n" {
+		t.Errorf("the session handed out answers %q", out)
+	}
+	if st := sb.PoolStats(); st[0].Discarded != 1 {
+		t.Errorf("PoolStats = %+v; want the dead session discarded", st)
+	}
+	checkGone(t, opts, "the dead pool session", dead, pid)
 }
