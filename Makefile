@@ -52,6 +52,7 @@ KUBE_BUILD = if [ "$$(id -u)" = 0 ]; then GOGC=$(BUILD_GOGC) $(GO) run ./provide
 
 build:
 	$(GO) build -o tai42 ./cmd/tai42
+	CGO_ENABLED=0 $(GO) build -o tai42-agent ./cmd/tai42-agent
 
 # golangci-lint's govet runs go vet's own analyzers (and go test runs vet's
 # high-confidence subset on every test package), so there is no separate

@@ -343,7 +343,7 @@ func (lb *liveBundle) start(ctx context.Context) (_ *stepTimer, _ func() error, 
 	return t, undo, nil
 }
 
-// agentAlone times the agent's start outside any container: `tai42 agent
+// agentAlone times the agent's start outside any container: `tai42-agent agent
 // --listen-fd 3 --workspace DIR` started as a plain process until its
 // first answer to a ping (reported as ping-p50-ns and total-p50-ns): the
 // floor of the ping step, the Go program's own start.

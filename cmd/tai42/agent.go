@@ -27,26 +27,16 @@ func (c *cli) agentCmd() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if listen != "" && cmd.Flags().Changed("listen-fd") {
-				return &exitError{code: exitUsage, err: errors.New("agent: --listen and --listen-fd exclude each other")}
-			}
-			if workspace != "" {
-				if err := os.Chdir(workspace); err != nil {
-					return &exitError{code: exitFailure, err: fmt.Errorf("agent: the workspace: %w", err)}
-				}
-			}
 			// SIGTERM and SIGINT (and SIGHUP) end the agent: Serve kills
 			// every exec and returns.
 			ctx, _, stop := c.interruptible()
 			defer stop()
 			logger := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-			var err error
-			if listen != "" {
-				err = agent.ServeTCP(ctx, listen, logger)
-			} else {
-				err = agent.ServeFD(ctx, fd, logger)
-			}
-			if err != nil {
+			err := agent.Run(ctx, agent.RunConfig{ListenFD: fd, ListenFDSet: cmd.Flags().Changed("listen-fd"), Listen: listen, Workspace: workspace}, logger)
+			switch {
+			case errors.Is(err, agent.ErrUsage):
+				return &exitError{code: exitUsage, err: err}
+			case err != nil:
 				return &exitError{code: exitFailure, err: err}
 			}
 			return nil

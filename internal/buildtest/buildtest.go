@@ -30,6 +30,9 @@ import (
 // path, so that a build runs from any directory of the module.
 const Package = "github.com/tai42/sandbox/cmd/tai42"
 
+// AgentPackage is the agent's own binary (tai42-agent), by import path.
+const AgentPackage = "github.com/tai42/sandbox/cmd/tai42-agent"
+
 // LockPath is the machine-wide build lock: a file in the temporary
 // directory, which every user of the machine can open.
 func LockPath() string { return filepath.Join(os.TempDir(), "tai42-build.lock") }
@@ -43,6 +46,15 @@ func LockPath() string { return filepath.Join(os.TempDir(), "tai42-build.lock") 
 // ctx ends the build. The error carries the end of the go command's
 // output (Go).
 func Tai42(ctx context.Context, out string, cgo bool) error {
+	return build(ctx, out, cgo, Package)
+}
+
+// Agent builds AgentPackage into out, static, as Tai42 builds tai42.
+func Agent(ctx context.Context, out string) error {
+	return build(ctx, out, false, AgentPackage)
+}
+
+func build(ctx context.Context, out string, cgo bool, pkg string) error {
 	if f, err := os.OpenFile(LockPath(), os.O_RDONLY|os.O_CREATE, 0o666); err == nil {
 		defer f.Close()
 		if err := flock.LockContext(ctx, f, unix.LOCK_EX); err != nil {
@@ -53,7 +65,7 @@ func Tai42(ctx context.Context, out string, cgo bool) error {
 	if cgo {
 		cgoEnv = "CGO_ENABLED=1"
 	}
-	return Go(ctx, "", append(os.Environ(), cgoEnv), "build", "-o", out, Package)
+	return Go(ctx, "", append(os.Environ(), cgoEnv), "build", "-o", out, pkg)
 }
 
 // Go runs the go command with args in dir ("": this process's) and env,

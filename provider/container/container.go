@@ -156,8 +156,10 @@ type Options struct {
 	// Runtime is the OCI runtime: "runc" (the default) or "crun", by name
 	// in PATH or by path.
 	Runtime string
-	// AgentBinary is the tai42 binary to run as each container's PID 1;
-	// "" means this process's own executable. It may be static or
+	// AgentBinary is the tai42 binary (or the agent's own, tai42-agent) to
+	// run as each container's PID 1; "" means tai42-agent beside this
+	// process's executable where it is installed (see [AgentAlone]), else
+	// the executable itself. It may be static or
 	// dynamically linked (cgo, the default where a C compiler is
 	// installed): a dynamically linked one runs in a session through its
 	// own dynamic loader and libraries, resolved at New and bound
@@ -475,7 +477,7 @@ func agentBinary(name string) (agentLoad, error) {
 		if err != nil {
 			return agentLoad{}, fmt.Errorf("the agent binary: %w", err)
 		}
-		name = exe
+		name = defaultAgent(exe)
 	}
 	abs, err := filepath.Abs(name)
 	if err != nil {
@@ -489,6 +491,23 @@ func agentBinary(name string) (agentLoad, error) {
 		return agentLoad{}, fmt.Errorf("the agent binary %s: %w", abs, err)
 	}
 	return a, nil
+}
+
+// AgentAlone is the agent's own binary (cmd/tai42-agent), which the
+// provider runs in place of tai42 itself when it is installed beside it: it
+// starts in a couple of milliseconds rather than tai42's dozen (whose
+// package initializers, the Kubernetes client's among them, run first), and
+// its few pages are what an idle session holds of it.
+const AgentAlone = "tai42-agent"
+
+// defaultAgent is the agent binary of a provider whose AgentBinary is "",
+// in the process whose executable is exe: AgentAlone beside exe, else exe.
+func defaultAgent(exe string) string {
+	alone := filepath.Join(filepath.Dir(exe), AgentAlone)
+	if fi, err := os.Stat(alone); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+		return alone
+	}
+	return exe
 }
 
 // Close releases what the provider holds itself: the network's bridges and

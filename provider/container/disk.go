@@ -148,6 +148,9 @@ const mkfsBinary = "mkfs.ext4"
 // loopControl is the kernel's allocator of loop devices.
 const loopControl = "/dev/loop-control"
 
+// loopMu serializes this process's loop device attaches (attachLoop).
+var loopMu sync.Mutex
+
 // attachLoop attaches img to a free loop device, which detaches itself
 // once nothing holds it open any more (autoclear: the mount that follows
 // is its holder), and returns the device's name ("loop3") and an open
@@ -163,6 +166,12 @@ func attachLoop(img string) (string, int, error) {
 		return "", -1, fmt.Errorf("the loop device allocator %s: %w", loopControl, err)
 	}
 	defer unix.Close(ctl)
+	// LOOP_CTL_GET_FREE hands every caller the same lowest free device
+	// until one configures it: this process's attaches take turns, so
+	// that a burst of creates does not spend its retries on itself (50 at
+	// once did). The retries are for other processes.
+	loopMu.Lock()
+	defer loopMu.Unlock()
 	for range 16 {
 		n, err := unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
 		if err != nil {

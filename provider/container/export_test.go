@@ -151,3 +151,6 @@ var (
 	MountOverlay        = mountOverlay
 	MountOverlayOptions = mountOverlayOptions
 )
+
+// DefaultAgent is defaultAgent, for the test of where the agent comes from.
+var DefaultAgent = defaultAgent

@@ -132,3 +132,27 @@ func TestPoolDeadSessionNeverHandedOut(t *testing.T) {
 	}
 	checkGone(t, opts, "the dead pool session", dead, pid)
 }
+
+// TestDefaultAgent: with no AgentBinary, the provider runs tai42-agent
+// where it is installed beside the executable (and executable), else the
+// executable itself.
+func TestDefaultAgent(t *testing.T) {
+	dir := t.TempDir()
+	exe := dir + "/tai42"
+	if got := container.DefaultAgent(exe); got != exe {
+		t.Errorf("no tai42-agent beside: %q, want %q", got, exe)
+	}
+	alone := dir + "/" + container.AgentAlone
+	if err := os.WriteFile(alone, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := container.DefaultAgent(exe); got != exe {
+		t.Errorf("a tai42-agent not executable beside: %q, want %q", got, exe)
+	}
+	if err := os.Chmod(alone, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := container.DefaultAgent(exe); got != alone {
+		t.Errorf("tai42-agent beside: %q, want %q", got, alone)
+	}
+}

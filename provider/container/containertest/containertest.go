@@ -91,8 +91,10 @@ func prepare(ctx context.Context, dir string) error {
 	if _, err := exec.LookPath("runc"); err != nil {
 		return fmt.Errorf("runc is not installed (apt-get install -y runc)")
 	}
-	env.agent = filepath.Join(dir, "tai42")
-	if err := buildtest.Tai42(ctx, env.agent, false); err != nil {
+	// The agent's own binary, which a provider runs where it is installed
+	// beside tai42 (tai42 itself, "tai42 agent", is DynamicAgent's).
+	env.agent = filepath.Join(dir, "tai42-agent")
+	if err := buildtest.Agent(ctx, env.agent); err != nil {
 		return fmt.Errorf("building the static agent: %w", err)
 	}
 	env.images = filepath.Join(dir, "images")
