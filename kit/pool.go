@@ -165,6 +165,7 @@ type poolShape struct {
 type member struct {
 	id  string
 	res Resources
+	sh  *poolShape
 }
 
 // newPool checks the shapes against the policy, the provider and the
@@ -236,7 +237,7 @@ func (p *pool) start() error {
 			_ = res.Destroy(context.Background())
 			return poolRefused(fmt.Errorf("pool %s: provider %s's sessions cannot be handed out once made (no Claimer)", sh.PoolShape, p.s.prov.Name()))
 		}
-		sh.ready = append(sh.ready, member{id: id, res: res})
+		sh.ready = append(sh.ready, member{id: id, res: res, sh: sh})
 		sh.stats.Refills++
 	}
 	p.lastRefill = time.Now()
@@ -305,7 +306,7 @@ func (p *pool) take(ctx context.Context, spec sandbox.SessionSpec) (*member, err
 			p.mu.Unlock()
 			return &m, nil
 		}
-		p.discard(sh, m, "it could not be claimed", err)
+		p.discard(m, "it could not be claimed", err)
 		if ctx.Err() != nil {
 			return nil, sandbox.WrapError("create_session", "cancelled while a pooled session was claimed", ctx.Err())
 		}
@@ -313,11 +314,11 @@ func (p *pool) take(ctx context.Context, spec sandbox.SessionSpec) (*member, err
 }
 
 // discard destroys a member no create gets.
-func (p *pool) discard(sh *poolShape, m member, why string, err error) {
+func (p *pool) discard(m member, why string, err error) {
 	p.mu.Lock()
-	sh.stats.Discarded++
+	m.sh.stats.Discarded++
 	p.mu.Unlock()
-	p.s.log.Warn("pool: a session made ahead is destroyed: "+why, "pool", sh.PoolShape.String(), "id", m.id, "err", err)
+	p.s.log.Warn("pool: a session made ahead is destroyed: "+why, "pool", m.sh.PoolShape.String(), "id", m.id, "err", err)
 	if derr := m.res.Destroy(context.Background()); derr != nil {
 		p.s.log.Error("pool: cannot destroy a session made ahead; the next start sweeps it", "id", m.id, "err", derr)
 	}
@@ -459,10 +460,10 @@ func (p *pool) refill(sh *poolShape, gen uint64) {
 		return
 	case p.closed || gen != sh.gen:
 		p.mu.Unlock()
-		p.discard(sh, member{id: id, res: res}, "the pool closed or its image changed while it was made", nil)
+		p.discard(member{id: id, res: res, sh: sh}, "the pool closed or its image changed while it was made", nil)
 		return
 	}
-	sh.ready = append(sh.ready, member{id: id, res: res})
+	sh.ready = append(sh.ready, member{id: id, res: res, sh: sh})
 	sh.fails, sh.failed = 0, nil
 	sh.stats.Refills++
 	sh.stats.RefillSeconds += took.Seconds()
@@ -475,7 +476,6 @@ func (p *pool) refill(sh *poolShape, gen uint64) {
 // image was removed: a refill would pull it back).
 func (p *pool) flush(image string, pause bool) {
 	var gone []member
-	var from []*poolShape
 	p.mu.Lock()
 	for _, sh := range p.shapes {
 		if sh.Image != image {
@@ -483,16 +483,13 @@ func (p *pool) flush(image string, pause bool) {
 		}
 		sh.gen++
 		sh.paused = pause
-		for _, m := range sh.ready {
-			gone = append(gone, m)
-			from = append(from, sh)
-		}
+		gone = append(gone, sh.ready...)
 		sh.ready = nil
 	}
 	p.notify()
 	p.mu.Unlock()
-	for i, m := range gone {
-		p.discard(from[i], m, "its image was removed or replaced", nil)
+	for _, m := range gone {
+		p.discard(m, "its image was removed or replaced", nil)
 	}
 	p.wake()
 }
@@ -567,12 +564,8 @@ func (p *pool) close(abandon bool) {
 	}
 	p.closed, p.abandoned = true, abandon
 	var gone []member
-	var from []*poolShape
 	for _, sh := range p.shapes {
-		for _, m := range sh.ready {
-			gone = append(gone, m)
-			from = append(from, sh)
-		}
+		gone = append(gone, sh.ready...)
 		sh.ready = nil
 	}
 	p.notify()
@@ -585,10 +578,10 @@ func (p *pool) close(abandon bool) {
 		return
 	}
 	var wg sync.WaitGroup
-	for i, m := range gone {
+	for _, m := range gone {
 		wg.Go(func() {
 			if err := m.res.Destroy(context.Background()); err != nil {
-				p.s.log.Error("pool: cannot destroy a session made ahead; the next start sweeps it", "pool", from[i].PoolShape.String(), "id", m.id, "err", err)
+				p.s.log.Error("pool: cannot destroy a session made ahead; the next start sweeps it", "pool", m.sh.PoolShape.String(), "id", m.id, "err", err)
 			}
 		})
 	}

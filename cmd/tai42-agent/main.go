@@ -17,10 +17,10 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"runtime/debug"
 	"syscall"
 
 	"github.com/tai42/sandbox/internal/agent"
+	"github.com/tai42/sandbox/internal/buildversion"
 )
 
 // version is set at link time, as tai42's: -ldflags "-X main.version=v1.2.3".
@@ -32,7 +32,7 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "version" {
-		fmt.Fprintf(stdout, "tai42-agent %s %s %s/%s\n", buildVersion(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+		fmt.Fprintf(stdout, "tai42-agent %s %s %s/%s\n", buildversion.Of(version), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 		return 0
 	}
 	if len(args) > 0 && args[0] == "agent" {
@@ -65,15 +65,4 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// buildVersion is the version tai42-agent reports, as tai42's.
-func buildVersion() string {
-	if version != "dev" && version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return "dev"
 }

@@ -3,9 +3,10 @@ package main
 import (
 	"fmt"
 	"runtime"
-	"runtime/debug"
 
 	"github.com/spf13/cobra"
+
+	"github.com/tai42/sandbox/internal/buildversion"
 )
 
 // version is set at link time: go build -ldflags "-X main.version=v1.2.3".
@@ -14,15 +15,7 @@ import (
 var version = "dev"
 
 // buildVersion is the version tai42 reports.
-func buildVersion() string {
-	if version != "dev" && version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return "dev"
-}
+func buildVersion() string { return buildversion.Of(version) }
 
 // versionLine is "tai42 VERSION GOVERSION OS/ARCH".
 func versionLine() string {
