@@ -345,6 +345,7 @@ type provider struct {
 	disk      diskCfg   // their geometry
 	diskDir   string    // their images and mount points
 	pool      *diskPool // ephemeral disks made ahead; nil: none
+	seccomp   seccompCache
 	closeOnce sync.Once
 
 	fenceMu  sync.Mutex

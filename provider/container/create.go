@@ -126,6 +126,9 @@ type creation struct {
 	netns       *os.File // the session's network namespace, joined by the runtime
 	netnsSysfs  int      // a sysfs of that namespace, to attach; -1: none
 	log         *os.File // the runtime's log
+
+	seccompKey   [32]byte // the config's seccomp profile (crun)
+	learnSeccomp bool     // keep the program crun compiles for it
 }
 
 func (p *provider) newCreation(ctx context.Context, req kit.CreateRequest) *creation {
@@ -514,10 +517,11 @@ func (r *session) unmountSysfs(context.Context) error {
 	return nil
 }
 
-// spec writes the container's OCI config into the bundle.
+// spec writes the container's OCI config into the bundle; for crun, with
+// the seccomp program it compiled for the profile before (seccompCache).
 func (c *creation) spec() (undo.Func, error) {
 	r, p := c.r, c.p
-	return nil, writeSpec(r.dir, buildSpec(specInput{
+	s := buildSpec(specInput{
 		remap:       p.userns != nil,
 		tmpfs:       r.disk == nil,
 		sysfs:       c.sysfsDir,
@@ -532,7 +536,13 @@ func (c *creation) spec() (undo.Func, error) {
 		cpu:         c.req.Spec.CPU,
 		memoryMB:    c.req.Spec.MemoryMB,
 		pids:        p.opts.PidsLimit,
-	}))
+	})
+	if p.rt.name == "crun" {
+		var hit bool
+		c.seccompKey, hit = p.seccomp.annotate(s)
+		c.learnSeccomp = !hit && s.Linux.Seccomp != nil
+	}
+	return nil, writeSpec(r.dir, s)
 }
 
 // openLog opens the runtime's log in the bundle.
@@ -552,6 +562,11 @@ func (c *creation) container() (undo.Func, error) {
 	r, p := c.r, c.p
 	if err := p.rt.run(c.ctx, c.req.ID, r.dir, c.log, c.listener, p.userns != nil); err != nil {
 		return r.removeContainer, p.diskFull(r, err)
+	}
+	if c.learnSeccomp {
+		if err := p.seccomp.learn(c.seccompKey, filepath.Join(p.rt.root, c.req.ID)); err != nil {
+			p.log.Debug("container: crun's compiled seccomp program is not kept; the next create compiles it again", "err", err)
+		}
 	}
 	r.initFD = pidfdOf(filepath.Join(r.dir, initPidFile))
 	return r.removeContainer, nil
