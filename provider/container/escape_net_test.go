@@ -128,7 +128,7 @@ func TestEscapeNetwork(t *testing.T) {
 			}
 		}
 	})
-	forEachRuntimeMode(t, func(t *testing.T, p *testProvider) {
+	forEachEscapeMode(t, func(t *testing.T, p *testProvider) {
 		// Most of the time here is waiting for dropped dials to time out:
 		// the runtimes and modes wait together.
 		t.Parallel()

@@ -386,7 +386,8 @@ func TestEscapeSyscalls(t *testing.T) {
 // image files of its disk and of its persistent workspace are neither
 // seen nor read, by a process or by GetFile. That a write past the cap
 // fails with ENOSPC in /, /tmp and /workspace is TestDiskCapEphemeral's
-// and TestDiskPersistent's.
+// and TestDiskPersistent's. (Its session is persistent, which a pool never
+// serves: it has no pool variant.)
 func TestEscapeDisk(t *testing.T) {
 	forEachRuntimeMode(t, func(t *testing.T, p *testProvider) {
 		sp := spec(containertest.Busybox, sandbox.NetworkNone)
@@ -551,7 +552,7 @@ func TestEscapeSymlinks(t *testing.T) {
 // workspace nor its files, by any path; nor does a persistent workspace
 // show another key's. (The workspace is a bind mount whatever the image.)
 func TestEscapeWorkspaces(t *testing.T) {
-	forEachRuntimeMode(t, func(t *testing.T, p *testProvider) {
+	forEachEscapeMode(t, func(t *testing.T, p *testProvider) {
 		image := containertest.Busybox
 		for _, durability := range []sandbox.Durability{sandbox.Ephemeral, sandbox.Persistent} {
 			t.Run(string(durability), func(t *testing.T) {

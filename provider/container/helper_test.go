@@ -90,12 +90,26 @@ var userNSModes = []container.UserNamespaceMode{container.UserNamespaceOn, conta
 // saying why, where the host cannot remap.
 func forEachRuntimeMode(t *testing.T, fn func(t *testing.T, p *testProvider)) {
 	t.Helper()
+	forEachRuntime(t, func(t *testing.T, rt string) { forEachMode(t, rt, fn) })
+}
+
+// forEachMode runs fn as a subtest per user namespace mode, with a
+// provider of runtime rt and that mode.
+func forEachMode(t *testing.T, rt string, fn func(t *testing.T, p *testProvider)) {
+	for _, mode := range userNSModes {
+		t.Run("userns-"+string(mode), func(t *testing.T) { fn(t, newProviderMode(t, rt, mode)) })
+	}
+}
+
+// forEachEscapeMode is forEachRuntimeMode with, per runtime, a "pool"
+// subtest besides: a provider (user namespace on) with a warm pool of
+// every image on every tier, every session of those shapes served from it
+// (and at least one), to show that a session made ahead holds no more than
+// one made for its create. The escape battery runs on it.
+func forEachEscapeMode(t *testing.T, fn func(t *testing.T, p *testProvider)) {
+	t.Helper()
 	forEachRuntime(t, func(t *testing.T, rt string) {
-		for _, mode := range userNSModes {
-			t.Run("userns-"+string(mode), func(t *testing.T) { fn(t, newProviderMode(t, rt, mode)) })
-		}
-		// And with a warm pool, every session served from it: a session
-		// made ahead holds no more than one made for its create.
+		forEachMode(t, rt, fn)
 		t.Run("pool", func(t *testing.T) {
 			p := newProviderMode(t, rt, container.UserNamespaceOn, func(o *container.Options) {
 				for _, image := range images {
@@ -114,12 +128,12 @@ func forEachRuntimeMode(t *testing.T, fn func(t *testing.T, p *testProvider)) {
 	})
 }
 
-// forEachSetup runs fn as a subtest per runtime, user namespace mode and
-// image, with one provider per runtime and mode shared by the images'
-// subtests.
+// forEachSetup runs fn as a subtest per runtime, user namespace mode (and
+// pool: forEachEscapeMode) and image, with one provider per runtime and
+// mode shared by the images' subtests.
 func forEachSetup(t *testing.T, fn func(t *testing.T, p *testProvider, image string)) {
 	t.Helper()
-	forEachRuntimeMode(t, func(t *testing.T, p *testProvider) {
+	forEachEscapeMode(t, func(t *testing.T, p *testProvider) {
 		for _, image := range images {
 			t.Run(imageName(image), func(t *testing.T) { fn(t, p, image) })
 		}
