@@ -199,8 +199,13 @@ func (p *provider) podFailure(pod *corev1.Pod) error {
 	}
 	for _, c := range pod.Status.Conditions {
 		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
-			if strings.Contains(c.Message, "PersistentVolumeClaim") {
-				continue // the claim is being bound: the scheduler retries
+			// The claim is being bound ("pod has unbound immediate
+			// PersistentVolumeClaims"), or the scheduler has not seen the
+			// claim made just before the pod yet ("persistentvolumeclaim
+			// NAME not found"): it retries, and the create's bound ends a
+			// claim that never comes.
+			if strings.Contains(strings.ToLower(c.Message), "persistentvolumeclaim") {
+				continue
 			}
 			return fmt.Errorf("the pod cannot be scheduled: %s", c.Message)
 		}

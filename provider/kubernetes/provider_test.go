@@ -128,6 +128,17 @@ func TestPodFailure(t *testing.T) {
 	if err := p.podFailure(unsched); err == nil || !strings.Contains(err.Error(), "Insufficient cpu") {
 		t.Errorf("unschedulable: %v", err)
 	}
+	// A claim the scheduler has not bound or not seen yet: it retries.
+	for _, msg := range []string{
+		"0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims. preemption: 0/1 nodes are available.",
+		`0/1 nodes are available: persistentvolumeclaim "tai42-ws-d17b5c8d" not found. not found`,
+	} {
+		claim := &corev1.Pod{Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse,
+			Reason: corev1.PodReasonUnschedulable, Message: msg}}}}
+		if err := p.podFailure(claim); err != nil {
+			t.Errorf("unschedulable for its claim (%q): %v, want it waited for", msg, err)
+		}
+	}
 	initFailed := &corev1.Pod{Status: corev1.PodStatus{InitContainerStatuses: []corev1.ContainerStatus{{Name: "i",
 		State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 2, Reason: "Error"}}}}}}
 	if err := p.podFailure(initFailed); err == nil {
