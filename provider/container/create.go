@@ -205,7 +205,7 @@ func (c *creation) disk() (undo.Func, error) {
 	}
 	r, p := c.r, c.p
 	var err error
-	if r.disk, err = p.sessionDisk(c.ctx); err != nil {
+	if r.disk, err = p.sessionDisk(); err != nil {
 		return nil, fmt.Errorf("the session's disk (cap %d MiB, %d inodes; tai42 serve --disk-mb, --disk-inodes): %w", p.disk.mb, p.disk.inodes, err)
 	}
 	c.upper, c.work = r.disk.path(diskUpper), r.disk.path(diskWork)

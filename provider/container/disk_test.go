@@ -166,6 +166,39 @@ func TestDiskCapEphemeral(t *testing.T) {
 	})
 }
 
+// TestDiskCopies: with no pool, each create copies the provider's empty
+// disk: every session's disk has a filesystem of its own (a UUID of its
+// own, seen as statfs' f_fsid of its /workspace), holds its owner's
+// directories and nothing a session before it wrote, and takes little of
+// the host until written to.
+func TestDiskCopies(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, rt string) {
+		opts := containertest.Options(t, rt, permissive)
+		opts.ReapInterval, opts.DiskPool = -1, -1
+		p := &testProvider{sb: containertest.New(t, opts), opts: opts, rt: rt}
+		fsids := map[string]bool{}
+		for i := range 3 {
+			sess := p.session(t, spec(containertest.Busybox, sandbox.NetworkNone))
+			if used := allocated(t, p.images(t)); used > 1<<20 {
+				t.Errorf("session %d's new disk holds %d KiB of the host, want under 1 MiB", i, used>>10)
+			}
+			out := mustSh(t, sess, `stat -f -c %i /workspace; ls -A /workspace /tmp; stat -c '%a %u' / /tmp /workspace`)
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			fsids[lines[0]] = true
+			if want := []string{"/tmp:", "", "/workspace:", "755 0", "1777 0", "700 0"}; !slices.Equal(lines[1:], want) {
+				t.Errorf("session %d's disk: %q; want an empty /tmp and /workspace, modes and owner %q", i, lines[1:], want)
+			}
+			mustSh(t, sess, `echo left > /workspace/f; echo left > /tmp/f; echo left > /f`)
+			if err := sess.Destroy(ctxFor(t)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(fsids) != 3 {
+			t.Errorf("3 sessions' disks have the filesystem ids %v; want 3 different ones", fsids)
+		}
+	})
+}
+
 // closeWait closes p's sandbox now (its cleanup closes it again, a no-op).
 func (p *testProvider) closeWait(t testing.TB) {
 	t.Helper()

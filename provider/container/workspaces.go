@@ -104,7 +104,7 @@ func (p *provider) openWorkspace(ctx context.Context, r *session, key string) (s
 func (p *provider) makeWorkspaceImage(ctx context.Context, d *disk, key, dir string, legacy bool) (err error) {
 	tmp := filepath.Join(p.perDir, key+migrateSuffix)
 	os.Remove(tmp) // an earlier attempt's
-	if err := mkfs(ctx, tmp, p.disk, d.owner, true, false); err != nil {
+	if err := mkfs(ctx, tmp, p.disk, d.owner, true); err != nil {
 		return err
 	}
 	defer func() {
