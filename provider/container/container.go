@@ -280,7 +280,7 @@ type Options struct {
 	// none makes its own: a copy of the provider's empty disk, attached,
 	// mounted and given a UUID of its own, about 1.5 ms on an idle
 	// machine). The pool is refilled in the background, at the lowest
-	// CPU and I/O priority, once no create has run for 20 ms. 0 means
+	// CPU and I/O priority, once no create has run for 2 ms. 0 means
 	// [DefaultDiskPool]; negative means none.
 	DiskPool int
 	// DiskReserveMB is the free space, in MiB, the state directory's

@@ -565,8 +565,8 @@ func setDiskUUID(mnt string) error {
 // A goroutine refills it after each take, in the background: at the
 // lowest CPU and I/O priority, and once no create has been running for
 // refillQuiet (at the latest refillMaxDefer after the take), so that the
-// refill does not slow the creates and first execs it would run beside.
-// Safe for concurrent use.
+// refill does not slow the creates it would run beside. Safe for
+// concurrent use.
 type diskPool struct {
 	p    *provider
 	want int
@@ -584,9 +584,15 @@ type diskPool struct {
 	done chan struct{}
 }
 
-// How the refill waits for the creates to be done.
+// How the refill waits for the creates to be done. A disk is about a
+// millisecond of work, mostly the kernel's (a copy of the template, an
+// attach, a mount): short enough to make in the pause between one create
+// and the next of a client that creates, runs and destroys sessions one
+// after another, which a longer wait (20 ms, when a disk was a mkfs.ext4)
+// never found; each of its creates then made its own disk, and the
+// deferred refill landed in one of them.
 const (
-	refillQuiet    = 20 * time.Millisecond
+	refillQuiet    = 2 * time.Millisecond
 	refillMaxDefer = time.Second
 )
 
