@@ -428,7 +428,7 @@ print(f"targets met: {sum(ok for _, ok in verdicts)}/{len(verdicts)}" +
       ("" if all(ok for _, ok in verdicts) else "; missed: " + ", ".join(w for w, ok in verdicts if not ok)))
 print("vs docker / vs bare: our p50 over the peer's p50 (below 1 is faster).  n/m: docker not measured.")
 print("Memory: total = cgroup charge + PSS (the issue's measure; our agent's anonymous memory is in both);")
-print("once = the same counting nothing twice.  agent-alone: `tai42 agent` started outside any container, to its first answer.")
+print("once = the same counting nothing twice.  agent-alone: `tai42-agent agent` started outside any container, to its first answer.")
 print("-no-seccomp / -no-hardening: the session's config without its seccomp filter / also without masked and read-only paths.")
 print("Docker's create peer is docker create + start + exec (a live container to its first exec, like ours);")
 print("docker run --rm also waits for the exit and removes the container.  Docker is driven through its CLI.")
