@@ -579,7 +579,7 @@ func (c *creation) container() (undo.Func, error) {
 // cgroup.
 func (r *session) removeContainer(ctx context.Context) error {
 	var errs []error
-	if err := r.p.rt.delete(ctx, r.id); err != nil {
+	if err := r.p.rt.delete(ctx, r.id, r.dir); err != nil {
 		errs = append(errs, err)
 	}
 	if err := r.waitEnded(); err != nil {

@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/tai42/sandbox/internal/nsthread"
 
@@ -934,5 +935,50 @@ func TestLeakCrunMountNamespace(t *testing.T) {
 		if len(left) > 0 {
 			t.Fatalf("after the Close of crun provider %d, %v: the runtime's mount namespace outlives the provider (a goroutine locked to the main thread cannot end that thread; the Go runtime parks it for good, still inside)", i+1, left)
 		}
+	}
+}
+
+// TestLeakCrunTempFile: the file crun makes at each call to run a copy of
+// its own binary (crun.XXXXXX, removed at once unless crun is killed
+// first) is made in the session's bundle, which the destroy and the next
+// start's sweep remove, and not in the host's /tmp, where one a killed
+// crun left would stay.
+func TestLeakCrunTempFile(t *testing.T) {
+	containertest.Require(t)
+	if !containertest.HasRuntime("crun") {
+		t.Skip("crun is not installed (apt-get install -y crun)")
+	}
+	p := newProvider(t, "crun")
+	ino, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(ino)
+	container.FailCreateSteps(p.sb, func(id, step string) error {
+		if step != "container" {
+			return nil
+		}
+		_, err := unix.InotifyAddWatch(ino, filepath.Join(p.sessionsDir(), id), unix.IN_CREATE)
+		return err
+	})
+	sess := p.session(t, spec(containertest.Busybox, sandbox.NetworkNone))
+	var made []string
+	buf := make([]byte, 64<<10)
+	n, err := unix.Read(ino, buf)
+	if err != nil {
+		t.Fatalf("the bundle's inotify events: %v", err)
+	}
+	for off := 0; off+unix.SizeofInotifyEvent <= n; {
+		ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+		name := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
+		made = append(made, strings.TrimRight(string(name), "\x00"))
+		off += unix.SizeofInotifyEvent + int(ev.Len)
+	}
+	if !slices.ContainsFunc(made, func(n string) bool { return strings.HasPrefix(n, "crun.") }) {
+		t.Errorf("crun's run made %q in the session's bundle; want its crun.XXXXXX temporary file there", made)
+	}
+	left, err := filepath.Glob(filepath.Join(p.sessionsDir(), sess.ID(), "crun.*"))
+	if err != nil || len(left) != 0 {
+		t.Errorf("crun's temporary files still in the bundle after the create: %v %v", left, err)
 	}
 }

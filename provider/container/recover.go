@@ -640,7 +640,7 @@ func (rs *runtimes) get(kind string) (*ociRuntime, error) {
 func (rs *runtimes) remove(ctx context.Context, kind, id string) error {
 	rt, err := rs.get(kind)
 	if err == nil {
-		return rt.delete(ctx, id)
+		return rt.delete(ctx, id, filepath.Join(rs.p.sessDir, id))
 	}
 	if rerr := rs.p.removeByHand(kind, id); rerr != nil {
 		return fmt.Errorf("%w (the runtime: %v)", rerr, err)

@@ -73,10 +73,20 @@ func (rt *ociRuntime) do(fn func() error) error {
 
 // command runs the runtime with args, its output going to log. extra are
 // files the container inherits from fd 3 on. With ownKeyring the runtime
-// starts with a new, empty session keyring (see run).
-func (rt *ociRuntime) command(ctx context.Context, log *os.File, extra []*os.File, ownKeyring bool, args ...string) error {
+// starts with a new, empty session keyring (see run). tmp is the
+// directory the runtime makes its temporary files in: the session's
+// bundle.
+//
+// crun, to run a copy of itself the container cannot overwrite, makes a
+// file (crun.XXXXXX), bind-mounts its own binary there, opens it and
+// removes it, in $_LIBCONTAINER_STATEDIR, else /tmp: a crun killed in
+// between (a create cancelled) leaves the file. In the bundle, the
+// session's destroy or the next start's sweep removes it with the rest;
+// in the host's /tmp nothing would.
+func (rt *ociRuntime) command(ctx context.Context, tmp string, log *os.File, extra []*os.File, ownKeyring bool, args ...string) error {
 	var errBuf bytes.Buffer
 	cmd := exec.CommandContext(ctx, rt.bin, append([]string{"--root", rt.root}, args...)...)
+	cmd.Env = append(os.Environ(), "_LIBCONTAINER_STATEDIR="+tmp)
 	cmd.ExtraFiles = extra
 	if log != nil {
 		// The container's PID 1 inherits these: a file, not a pipe, so
@@ -144,17 +154,17 @@ func (rt *ociRuntime) run(ctx context.Context, id, bundle string, log, listener 
 	if remapped {
 		args = append(args, "--no-new-keyring")
 	}
-	return rt.command(ctx, log, []*os.File{listener}, remapped, append(args, id)...)
+	return rt.command(ctx, bundle, log, []*os.File{listener}, remapped, append(args, id)...)
 }
 
 // initPidFile, in a session's bundle, holds its container's PID 1 as this
 // process's pid namespace sees it.
 const initPidFile = "init.pid"
 
-// delete kills every process of container id and removes it; a container
-// that does not exist is not an error.
-func (rt *ociRuntime) delete(ctx context.Context, id string) error {
-	err := rt.command(ctx, nil, nil, false, "delete", "--force", id)
+// delete kills every process of container id, whose bundle is bundle, and
+// removes it; a container that does not exist is not an error.
+func (rt *ociRuntime) delete(ctx context.Context, id, bundle string) error {
+	err := rt.command(ctx, bundle, nil, nil, false, "delete", "--force", id)
 	if err != nil && (strings.Contains(err.Error(), "does not exist") || strings.Contains(err.Error(), "not found")) {
 		return nil
 	}
