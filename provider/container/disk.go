@@ -19,6 +19,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox"
@@ -549,11 +550,8 @@ func setDiskUUID(mnt string) error {
 	// struct fsuuid { __u32 fsu_len; __u32 fsu_flags; __u8 fsu_uuid[]; }
 	var arg [8 + 16]byte
 	binary.NativeEndian.PutUint32(arg[0:], 16)
-	if _, err := rand.Read(arg[8:]); err != nil {
-		panic(fmt.Sprintf("container: crypto/rand failed: %v", err)) // never on Linux ≥ 3.17
-	}
-	arg[8+6] = arg[8+6]&0x0f | 0x40 // version 4 (random)
-	arg[8+8] = arg[8+8]&0x3f | 0x80 // the RFC 4122 variant
+	u := uuid.New() // random (version 4)
+	copy(arg[8:], u[:])
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), ext4IocSetFSUUID, uintptr(unsafe.Pointer(&arg[0]))); errno != 0 {
 		return fmt.Errorf("the disk's new UUID (EXT4_IOC_SETFSUUID on %s): %w", mnt, errno)
 	}

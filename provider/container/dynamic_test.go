@@ -3,16 +3,12 @@ package container_test
 import (
 	"context"
 	"debug/elf"
-	"encoding/json"
 	"os"
 	"path"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
-
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/provider/container"
@@ -131,14 +127,7 @@ func checkDynamicSession(t *testing.T, p *testProvider, agent, image string) {
 // file is the loader or reached from the agent by DT_NEEDED.
 func checkAgentLibs(t *testing.T, p *testProvider, id, agent string) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(p.bundle(id), "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var s specs.Spec
-	if err := json.Unmarshal(b, &s); err != nil {
-		t.Fatal(err)
-	}
+	s := p.config(t, id)
 	bound := map[string]string{} // name in /.tai42/lib -> the host file
 	for _, m := range s.Mounts {
 		if dir, name := path.Split(m.Destination); dir == "/.tai42/lib/" {

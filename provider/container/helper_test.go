@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -203,6 +204,20 @@ func (p *testProvider) sessionsDir() string { return filepath.Join(p.root(), "se
 
 // bundle is session id's bundle directory on the host.
 func (p *testProvider) bundle(id string) string { return filepath.Join(p.sessionsDir(), id) }
+
+// config is the OCI config the provider wrote into session id's bundle.
+func (p *testProvider) config(t testing.TB, id string) specs.Spec {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(p.bundle(id), "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
 
 // upper is the upper layer of session id's root overlay, where the
 // session's writes to its root land, as this process reads it (through the

@@ -2,12 +2,9 @@ package container_test
 
 import (
 	"encoding/base64"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
-
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/provider/container/containertest"
@@ -30,15 +27,7 @@ func TestCrunSeccompProgramReused(t *testing.T) {
 		t.Fatalf("crun's compiled program of the first session: %v", err)
 	}
 	annotation := func(id string) (string, bool) {
-		b, err := os.ReadFile(filepath.Join(p.bundle(id), "config.json"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var s specs.Spec
-		if err := json.Unmarshal(b, &s); err != nil {
-			t.Fatal(err)
-		}
-		v, ok := s.Annotations["run.oci.seccomp_bpf_data"]
+		v, ok := p.config(t, id).Annotations["run.oci.seccomp_bpf_data"]
 		return v, ok
 	}
 	if _, ok := annotation(first.ID()); ok {
