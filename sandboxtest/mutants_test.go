@@ -631,6 +631,17 @@ var mutants = []mutant{
 					return info, err
 				}}
 		}), nil},
+	{"touch-accumulates", "Touch adds the ttl to the old expires_at, not to now: touches accumulate", []string{"Session/Touch"},
+		specSessions(func(spec sandbox.SessionSpec, s sandbox.Session) sandbox.Session {
+			var touches atomic.Int64
+			return &hookedSession{Session: s,
+				touch: func(ctx context.Context) error { touches.Add(1); return s.Touch(ctx) },
+				info: func(ctx context.Context) (sandbox.SessionInfo, error) {
+					info, err := s.Info(ctx)
+					info.ExpiresAt = info.ExpiresAt.Add(time.Duration(touches.Load()) * spec.TTL())
+					return info, err
+				}}
+		}), nil},
 	{"expired-listed", "ListSessions also lists the expired sessions the sandbox made that were not destroyed through it", []string{"Session/Expiry"},
 		func(sb sandbox.Sandbox) sandbox.Sandbox {
 			t := newTracker(sb)

@@ -389,7 +389,7 @@ func (s *suite) testInfo(t *testing.T) {
 	}
 }
 
-// Touch extends expires_at to now + ttl and never shortens it.
+// Touch extends expires_at to now + ttl (no further) and never shortens it.
 func (s *suite) testTouch(t *testing.T) {
 	ctx := testContext(t)
 	_, sess := s.fresh(t, ttl(3600))
@@ -406,8 +406,16 @@ func (s *suite) testTouch(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Info: %v", err)
 		}
+		after := time.Now()
 		if least := before.Add(time.Hour); info.ExpiresAt.Before(least) {
 			t.Errorf("after Touch #%d expires_at = %v; want at least now + ttl = %v", i+1, info.ExpiresAt, least)
+		}
+		// A touch counts its ttl from now, not from the old expires_at:
+		// touches that added up would keep a session alive long after
+		// its client stopped touching it. The second of slack is the
+		// precision expires_at is kept at by some doors.
+		if most := after.Add(time.Hour + time.Second); info.ExpiresAt.After(most) {
+			t.Errorf("after Touch #%d expires_at = %v; want at most now + ttl = %v (touches must not accumulate)", i+1, info.ExpiresAt, most)
 		}
 		if info.ExpiresAt.Before(prev.ExpiresAt) {
 			t.Errorf("Touch #%d moved expires_at back from %v to %v; Touch never shortens a life", i+1, prev.ExpiresAt, info.ExpiresAt)
