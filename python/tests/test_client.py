@@ -9,7 +9,9 @@ import io
 import os
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
+import aiohttp
 import pytest
 from pydantic import SecretStr
 
@@ -126,9 +128,20 @@ async def test_exec_timeout_has_lengths(sandbox: Tai42Sandbox, spec: SandboxSess
 
 
 async def test_exec_bad_input_refused_before_any_request(
-    sandbox: Tai42Sandbox, spec: SandboxSessionSpec
+    sandbox: Tai42Sandbox, spec: SandboxSessionSpec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     s = await sandbox.create_session(spec)
+    # The daemon refuses these too, so only a count of the requests tells a
+    # local refusal from the daemon's: every HTTP request and WebSocket
+    # handshake goes through ClientSession._request.
+    sent: list[str] = []
+    real = aiohttp.ClientSession._request
+
+    async def counting(self: aiohttp.ClientSession, method: str, url: Any, **kw: Any) -> Any:
+        sent.append(f"{method} {url}")
+        return await real(self, method, url, **kw)
+
+    monkeypatch.setattr(aiohttp.ClientSession, "_request", counting)
     for t in (0, -1, float("nan"), float("inf")):
         with pytest.raises(SandboxError, match="timeout") as e:
             await s.exec(["true"], timeout_seconds=t)
@@ -143,6 +156,7 @@ async def test_exec_bad_input_refused_before_any_request(
         await s.exec_start(["cat"], timeout_seconds=0)
     with pytest.raises(SandboxError, match="data must be bytes"):
         await s.put_file("a", "text")  # type: ignore[arg-type]
+    assert sent == [], f"refused locally, yet sent {sent}"
 
 
 async def test_daemon_refuses_bad_exec(sandbox: Tai42Sandbox, spec: SandboxSessionSpec) -> None:

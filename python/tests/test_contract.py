@@ -47,6 +47,7 @@ BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
     ("unknown isolation", {"isolation": "strong"}, "isolation"),
     ("persistent without a key", {"durability": "persistent"}, "workspace_key"),
     ("reserved key", {"workspace_key": ".."}, "workspace_key"),
+    ("reserved key .", {"workspace_key": "."}, "workspace_key"),
     ("key with a slash", {"workspace_key": "a/b"}, "workspace_key"),
     ("key too long", {"workspace_key": "k" * 129}, "workspace_key"),
     ("env name with =", {"env": {"A=B": "x"}}, "env"),

@@ -432,6 +432,22 @@ class TouchShortens(MSession):
         return i
 
 
+class TouchAccumulates(MSession):
+    """touch adds the ttl to the old expires_at rather than to now: each
+    touch reports the life an hour (the clause's ttl) longer."""
+
+    async def touch(self) -> None:
+        await super().touch()
+        self.touches = getattr(self, "touches", 0) + 1
+
+    async def info(self) -> SandboxSessionInfo:
+        import datetime
+
+        i = await super().info()
+        extra = datetime.timedelta(hours=getattr(self, "touches", 0))
+        return i.model_copy(update={"expires_at": i.expires_at + extra})
+
+
 class DestroyNoop(MSession):
     async def destroy(self) -> None:
         await self.inner.info()
@@ -1225,6 +1241,12 @@ MUTANTS: list[Mutant] = [
         "after touch() expires_at is a minute short of now + ttl",
         ("Session/Touch",),
         _s(TouchShortens),
+    ),
+    Mutant(
+        "touch-accumulates",
+        "touch() adds the ttl to the old expires_at: touches accumulate",
+        ("Session/Touch",),
+        _s(TouchAccumulates),
     ),
     Mutant(
         "expired-returned",

@@ -327,7 +327,8 @@ async def info(c: Check) -> None:
 
 @clause("Session/Touch")
 async def touch(c: Check) -> None:
-    """touch() extends expires_at to now + ttl and never shortens it; created_at stays."""
+    """touch() extends expires_at to now + ttl (no further) and never shortens it;
+    created_at stays."""
     _, sess = await c.fresh(ttl_seconds=3600)
     prev = await info_of(c, sess)
     for i in (1, 2):
@@ -335,9 +336,17 @@ async def touch(c: Check) -> None:
         _, err = await attempt(sess.touch())
         if err is not None:
             c.fatal(f"touch(): {err!r}")
+        after = time.time()
         got = await info_of(c, sess)
         if got.expires_at.timestamp() < before + 3600:
             c.error(f"after touch #{i} expires_at = {got.expires_at}; want at least now + ttl")
+        # The ttl counts from now, not from the old expires_at: touches that
+        # added up would keep a session alive long after its client stopped.
+        if got.expires_at.timestamp() > after + 3600 + 1:
+            c.error(
+                f"after touch #{i} expires_at = {got.expires_at}; want at most now + ttl "
+                "(touches must not accumulate)"
+            )
         if got.expires_at < prev.expires_at:
             c.error(f"touch #{i} moved expires_at back from {prev.expires_at} to {got.expires_at}")
         if got.created_at != prev.created_at:
