@@ -45,6 +45,10 @@ const (
 	DefaultGrace       = 30 * time.Second
 	DefaultTimeout     = 2 * time.Second
 	DefaultMaxInFlight = 128
+	// DefaultClientShare is the fraction of MaxInFlight one client may
+	// hold when MaxInFlightPerClient is 0: 1/8, 16 queries of the default
+	// 128, far more than a stub resolver sends at once.
+	DefaultClientShare = 8
 )
 
 // Config says where a Server listens, where it forwards and what it lets
@@ -93,9 +97,17 @@ type Config struct {
 
 	// MaxInFlight caps the queries being answered at once, and the TCP
 	// connections open at once (default DefaultMaxInFlight). A query over
-	// the cap gets SERVFAIL at once; a TCP connection over it waits in the
-	// kernel's backlog.
+	// the cap gets SERVFAIL at once, unless a client (a source address:
+	// one session) holds at least two more than the query's: then that
+	// client's oldest query gives its slot up and gets SERVFAIL. A TCP
+	// connection over the cap waits in the kernel's backlog.
 	MaxInFlight int
+
+	// MaxInFlightPerClient caps the queries one client (source address)
+	// has being answered at once; one over it gets SERVFAIL at once. 0
+	// means MaxInFlight/DefaultClientShare (at least 1); more than
+	// MaxInFlight means MaxInFlight.
+	MaxInFlightPerClient int
 
 	// Logger gets, at debug level, refused names with the querying
 	// address, and failures to forward or report an answer; never more of
@@ -112,7 +124,7 @@ type Stats struct {
 	Forwarded        uint64 // queries answered with an upstream's answer
 	UpstreamFailures uint64 // queries no upstream answered: SERVFAIL
 	HookFailures     uint64 // answers OnAnswer failed for: SERVFAIL
-	Overloaded       uint64 // queries over MaxInFlight: SERVFAIL
+	Overloaded       uint64 // queries over MaxInFlight or MaxInFlightPerClient, or whose slot another client's query took: SERVFAIL
 }
 
 // Server is a running resolver. Its methods are safe for concurrent use.
@@ -127,7 +139,7 @@ type Server struct {
 	log       *slog.Logger
 	udpClient *dns.Client
 	tcpClient *dns.Client
-	slots     chan struct{}
+	slots     *slots
 
 	ctx    context.Context // cancelled by Close: aborts in-flight upstream exchanges
 	cancel context.CancelFunc
@@ -148,8 +160,9 @@ func New(cfg Config) (*Server, error) {
 	if !cfg.Listen.IsValid() {
 		return nil, errors.New("egressdns: Config.Listen is not set: give the address to serve on (port 0 picks one)")
 	}
-	if cfg.Grace < 0 || cfg.MinTTL < 0 || cfg.Timeout < 0 || cfg.MaxInFlight < 0 {
-		return nil, fmt.Errorf("egressdns: MinTTL (%v), Grace (%v), Timeout (%v) and MaxInFlight (%d) must not be negative", cfg.MinTTL, cfg.Grace, cfg.Timeout, cfg.MaxInFlight)
+	if cfg.Grace < 0 || cfg.MinTTL < 0 || cfg.Timeout < 0 || cfg.MaxInFlight < 0 || cfg.MaxInFlightPerClient < 0 {
+		return nil, fmt.Errorf("egressdns: MinTTL (%v), Grace (%v), Timeout (%v), MaxInFlight (%d) and MaxInFlightPerClient (%d) must not be negative",
+			cfg.MinTTL, cfg.Grace, cfg.Timeout, cfg.MaxInFlight, cfg.MaxInFlightPerClient)
 	}
 	allow, err := newAllowlist(cfg.Allow)
 	if err != nil {
@@ -186,9 +199,15 @@ func New(cfg Config) (*Server, error) {
 	if inFlight == 0 {
 		inFlight = DefaultMaxInFlight
 	}
-	s.slots = make(chan struct{}, inFlight)
-	s.udpClient = &dns.Client{Net: "udp"}
-	s.tcpClient = &dns.Client{Net: "tcp"}
+	perClient := cfg.MaxInFlightPerClient
+	if perClient == 0 {
+		perClient = max(1, inFlight/DefaultClientShare)
+	}
+	s.slots = newSlots(inFlight, min(perClient, inFlight))
+	// Without a Timeout of its own, a dns.Client reads for 2 s at most
+	// whatever the context's deadline: Config.Timeout would be capped.
+	s.udpClient = &dns.Client{Net: "udp", Timeout: s.timeout}
+	s.tcpClient = &dns.Client{Net: "tcp", Timeout: s.timeout}
 
 	pc, ln, err := listen(cfg.Listen)
 	if err != nil {
@@ -204,7 +223,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	if err := s.serve(pc, netutil.LimitListener(ln, cap(s.slots))); err != nil {
+	if err := s.serve(pc, netutil.LimitListener(ln, inFlight)); err != nil {
 		s.cancel()
 		return nil, err
 	}

@@ -383,7 +383,7 @@ func TestMalformed(t *testing.T) {
 
 func TestConcurrencyCap(t *testing.T) {
 	up := newUpstream(t, false)
-	s := newResolver(t, up, Config{MaxInFlight: 2})
+	s := newResolver(t, up, Config{MaxInFlight: 2, MaxInFlightPerClient: 2})
 
 	var wg sync.WaitGroup
 	results := make([]*dns.Msg, 2)

@@ -15,14 +15,13 @@ import (
 // ServeDNS answers one query; miekg/dns calls it, one goroutine per query.
 func (s *Server) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	_, tcp := w.LocalAddr().(*net.TCPAddr)
-	select {
-	case s.slots <- struct{}{}:
-		defer func() { <-s.slots }()
-	default:
+	sl, ctx := s.slots.acquire(s.ctx, clientOf(w))
+	if sl == nil {
 		s.overloaded.Add(1)
 		s.reply(w, r, dns.RcodeServerFailure, nil)
 		return
 	}
+	defer s.slots.release(sl)
 	if r.Opcode != dns.OpcodeQuery {
 		s.malformed.Add(1)
 		s.reply(w, r, dns.RcodeNotImplemented, nil)
@@ -43,7 +42,13 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		return
 	}
 
-	resp, err := s.forward(s.ctx, r, tcp)
+	resp, err := s.forward(ctx, r, tcp)
+	if err != nil && sl.preempted.Load() {
+		s.overloaded.Add(1)
+		s.log.Debug("egressdns: a query gave its slot up to another client's", "name", q.Name, "type", dns.Type(q.Qtype).String(), "from", w.RemoteAddr().String())
+		s.reply(w, r, dns.RcodeServerFailure, nil)
+		return
+	}
 	if err != nil {
 		s.upstreamFailures.Add(1)
 		s.log.Debug("egressdns: no upstream answered", "name", q.Name, "type", dns.Type(q.Qtype).String(), "err", err)
@@ -70,6 +75,18 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	}
 	s.forwarded.Add(1)
 	s.write(w, resp)
+}
+
+// clientOf is the client a query is counted against: its source address.
+func clientOf(w dns.ResponseWriter) netip.Addr {
+	switch a := w.RemoteAddr().(type) {
+	case *net.UDPAddr:
+		return a.AddrPort().Addr().Unmap()
+	case *net.TCPAddr:
+		return a.AddrPort().Addr().Unmap()
+	}
+	// Not reached with miekg/dns's sockets; one shared client at worst.
+	return netip.Addr{}
 }
 
 // report hands an answer's addresses to OnAnswer, within Timeout (a hook

@@ -16,6 +16,9 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// silentName is the name the test upstream never answers.
+const silentName = "silent.test."
+
 // bigCount is how many A records big.allowed.test has: more than fit in 512
 // bytes.
 const bigCount = 40
@@ -41,7 +44,7 @@ func bigRecords() []string {
 
 // upstream is a test DNS server on 127.0.0.1, UDP and TCP on one port. It
 // answers from zone (NXDOMAIN for other names; slow.allowed.test. waits
-// for release), truncates over UDP what does not fit the query's size (or
+// for release; silent.test. is never answered), truncates over UDP what does not fit the query's size (or
 // big.allowed.test. always, with truncUDP), and records what it saw.
 type upstream struct {
 	addr     netip.AddrPort
@@ -121,6 +124,9 @@ func (u *upstream) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	m.RecursionAvailable = true
 	if opt := r.IsEdns0(); opt != nil {
 		m.SetEdns0(opt.UDPSize(), opt.Do())
+	}
+	if name == silentName {
+		return
 	}
 	if name == "slow.allowed.test." {
 		u.slowC <- struct{}{}

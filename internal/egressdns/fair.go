@@ -1,0 +1,103 @@
+package egressdns
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// slots shares the queries the server answers at once among its clients
+// (sessions, told apart by source address: the fences redirect a session's
+// DNS without masquerading it). One pool for all let one session hold
+// every slot with queries for a name that never answers, and every other
+// session's DNS failed until those timed out. So a client holds at most
+// perClient slots, and a query that finds the pool full takes the slot of
+// the oldest query of the client holding the most, when that client holds
+// at least two more than the asker: however many sessions flood, one that
+// asks less than they do still gets its share.
+type slots struct {
+	max, perClient int
+
+	mu      sync.Mutex
+	total   int
+	clients map[netip.Addr][]*slot // by client, oldest first
+}
+
+// slot is one query's hold on the pool.
+type slot struct {
+	client    netip.Addr
+	cancel    context.CancelFunc // ends the query's upstream exchanges
+	preempted atomic.Bool        // its hold was given to another client's query
+}
+
+func newSlots(max, perClient int) *slots {
+	return &slots{max: max, perClient: perClient, clients: make(map[netip.Addr][]*slot)}
+}
+
+// acquire takes a slot for a query from client, with the context its
+// upstream exchanges run in (ended when the slot is taken from it, or
+// when parent ends), or returns nil when the client may not have one now.
+func (p *slots) acquire(parent context.Context, client netip.Addr) (*slot, context.Context) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	held := len(p.clients[client])
+	if held >= p.perClient {
+		return nil, nil
+	}
+	if p.total >= p.max && !p.preemptLocked(held) {
+		return nil, nil
+	}
+	ctx, cancel := context.WithCancel(parent)
+	sl := &slot{client: client, cancel: cancel}
+	p.clients[client] = append(p.clients[client], sl)
+	p.total++
+	return sl, ctx
+}
+
+// preemptLocked frees the slot of the oldest query of the client holding
+// the most, when it holds at least two more than held (with one more, the
+// taking would only swap which of the two holds more).
+func (p *slots) preemptLocked(held int) bool {
+	var victim netip.Addr
+	most := 0
+	for c, q := range p.clients {
+		if len(q) > most {
+			victim, most = c, len(q)
+		}
+	}
+	if most < held+2 {
+		return false
+	}
+	q := p.clients[victim]
+	old := q[0]
+	p.removeLocked(victim, q, 0)
+	old.preempted.Store(true)
+	old.cancel()
+	return true
+}
+
+func (p *slots) removeLocked(client netip.Addr, q []*slot, i int) {
+	q = slices.Delete(q, i, i+1)
+	if len(q) == 0 {
+		delete(p.clients, client)
+	} else {
+		p.clients[client] = q
+	}
+	p.total--
+}
+
+// release gives sl back, unless it was taken already.
+func (p *slots) release(sl *slot) {
+	sl.cancel()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if sl.preempted.Load() {
+		return
+	}
+	q := p.clients[sl.client]
+	if i := slices.Index(q, sl); i >= 0 {
+		p.removeLocked(sl.client, q, i)
+	}
+}
