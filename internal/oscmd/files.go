@@ -78,12 +78,25 @@ func SyncDirs(open func(name string) (*os.File, error), dir string, ancestors bo
 // prefix and that stale reports stale (nil: all of them), without
 // following symlinks: the temporary files of writes a crash interrupted.
 // A missing dir has none; ctx's end stops the walk.
+//
+// The walk and the removals go through an os.Root of dir: the trees swept
+// include the workspaces of sessions still running, which can swap a
+// directory for a symlink between the listing and the removal, and a walk
+// by path would then follow it and remove a file outside the tree.
 func RemoveTemps(ctx context.Context, dir, prefix string, stale func(name string) bool) error {
+	root, err := os.OpenRoot(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer root.Close()
 	var errs []error
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+	err = fs.WalkDir(root.FS(), ".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if !errors.Is(err, fs.ErrNotExist) {
-				errs = append(errs, err)
+				errs = append(errs, fmt.Errorf("sweeping %s: %w", filepath.Join(dir, path), RootErr(err)))
 			}
 			return nil
 		}
@@ -91,8 +104,8 @@ func RemoveTemps(ctx context.Context, dir, prefix string, stale func(name string
 			return err
 		}
 		if d.Type().IsRegular() && strings.HasPrefix(d.Name(), prefix) && (stale == nil || stale(d.Name())) {
-			if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				errs = append(errs, err)
+			if err := root.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("sweeping %s: %w", filepath.Join(dir, path), RootErr(err)))
 			}
 		}
 		return nil

@@ -70,6 +70,64 @@ func TestRemoveTemps(t *testing.T) {
 	}
 }
 
+// TestRemoveTempsDirSwapped swaps a directory of the tree for a symlink
+// to outside it during the walk (a session does so in its workspace, which
+// the sweep walks while the session runs): the walk had listed the
+// directory, then followed the symlink by path and removed a temp-named
+// file outside. The swap comes from the stale callback, on the first temp
+// file of the walk's lexical order, so it lands between the listing of the
+// tree's top and the walk into the directory.
+func TestRemoveTempsDirSwapped(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		dir, outside := t.TempDir(), t.TempDir()
+		mk := func(name string) {
+			t.Helper()
+			if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(name, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mk(filepath.Join(dir, ".tmp-first"))
+		mk(filepath.Join(dir, "sub", ".tmp-in"))
+		mk(filepath.Join(outside, ".tmp-in"))
+		swapped := false
+		swap := func() {
+			if swapped {
+				return
+			}
+			swapped = true
+			if err := os.Rename(filepath.Join(dir, "sub"), filepath.Join(dir, "old")); err != nil {
+				t.Error(err)
+			}
+			if err := os.Symlink(outside, filepath.Join(dir, "sub")); err != nil {
+				t.Error(err)
+			}
+		}
+		// late: the swap comes after the walk has listed sub itself,
+		// between the listing and the removal of sub/.tmp-in.
+		stale := func(name string) bool {
+			if name == ".tmp-first" && !late || name == ".tmp-in" && late {
+				swap()
+			}
+			return true
+		}
+		// Errors are expected (the walk meets the symlink where it had
+		// seen a directory); what matters is what was removed.
+		_ = RemoveTemps(context.Background(), dir, ".tmp-", stale)
+		if !swapped {
+			t.Fatalf("late %v: the walk never called stale where the test swaps", late)
+		}
+		if _, err := os.Lstat(filepath.Join(outside, ".tmp-in")); err != nil {
+			t.Errorf("late %v: a temp-named file outside the tree was removed through a directory swapped for a symlink: %v", late, err)
+		}
+		if _, err := os.Lstat(filepath.Join(dir, ".tmp-first")); err == nil {
+			t.Errorf("late %v: the tree's own temp file was kept", late)
+		}
+	}
+}
+
 func TestSyncDirs(t *testing.T) {
 	root, err := os.OpenRoot(t.TempDir())
 	if err != nil {
