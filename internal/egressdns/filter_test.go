@@ -118,6 +118,11 @@ func TestAnswerAddrs(t *testing.T) {
 		{"plain", "a.test.", dns.TypeA, rrs("a.test. 60 IN A 192.0.2.1", "A.TEST. 30 IN A 192.0.2.2"), []string{"192.0.2.1", "192.0.2.2"}, 30},
 		{"chain", "a.test.", dns.TypeA, rrs("b.test. 50 IN A 192.0.2.9", "a.test. 20 IN CNAME B.test.", "b.test. 40 IN A 192.0.2.8"), []string{"192.0.2.9", "192.0.2.8"}, 20},
 		{"off-chain records are ignored", "a.test.", dns.TypeA, rrs("a.test. 60 IN A 192.0.2.1", "evil.test. 60 IN A 198.51.100.1"), []string{"192.0.2.1"}, 60},
+		// Owners compare whole: a name that ends with the question's
+		// (or the CNAME target's) is another name.
+		{"owner ending with the question", "a.test.", dns.TypeA, rrs("xa.test. 60 IN A 198.51.100.1", "b.a.test. 60 IN A 198.51.100.2", "a.test. 60 IN A 192.0.2.1"), []string{"192.0.2.1"}, 60},
+		{"only owners ending with the question", "a.test.", dns.TypeA, rrs("xa.test. 60 IN A 198.51.100.1"), nil, 0},
+		{"owner ending with the CNAME target", "a.test.", dns.TypeA, rrs("a.test. 60 IN CNAME b.test.", "xb.test. 60 IN A 198.51.100.1", "B.test. 50 IN A 192.0.2.3"), []string{"192.0.2.3"}, 50},
 		{"off-chain after a CNAME", "a.test.", dns.TypeA, rrs("a.test. 60 IN CNAME b.test.", "evil.test. 60 IN A 198.51.100.1"), nil, 0},
 		{"loop", "a.test.", dns.TypeA, rrs("a.test. 60 IN CNAME b.test.", "b.test. 60 IN CNAME a.test."), nil, 0},
 		{"aaaa", "a.test.", dns.TypeAAAA, rrs("a.test. 60 IN A 192.0.2.1", "a.test. 70 IN AAAA 2001:db8::2"), []string{"2001:db8::2"}, 70},
