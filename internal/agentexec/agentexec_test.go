@@ -152,3 +152,29 @@ func TestFiles(t *testing.T) {
 		t.Errorf("outside ref %+v", ref)
 	}
 }
+
+// TestExecEnvReplacesBase: a variable the exec gives replaces the base
+// environment's, in one entry. With both in the environment the process
+// got the first (the base's: the image's PATH won silently over the
+// caller's).
+func TestExecEnvReplacesBase(t *testing.T) {
+	s, ws := newSession(t, kit.ProviderOptions{}, sandbox.SessionSpec{}, nil)
+	path := "/nonexistent-tai42-bin:" + os.Getenv("PATH")
+	r := req(ws, 10*time.Second, "env")
+	r.Env = map[string]sandbox.Secret{"PATH": sandbox.NewSecret(path), "BASE": sandbox.NewSecret("mine")}
+	res, err := s.Exec(context.Background(), r)
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("env: %v, exit %d, stderr %q", err, res.ExitCode, res.Stderr)
+	}
+	got := map[string][]string{}
+	for line := range strings.Lines(string(res.Stdout)) {
+		if k, v, ok := strings.Cut(strings.TrimSuffix(line, "\n"), "="); ok {
+			got[k] = append(got[k], v)
+		}
+	}
+	for k, want := range map[string]string{"PATH": path, "BASE": "mine"} {
+		if len(got[k]) != 1 || got[k][0] != want {
+			t.Errorf("%s in the process's environment: %q, want the exec's %q alone", k, got[k], want)
+		}
+	}
+}
