@@ -28,7 +28,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	sessnettest.Reserve(DefaultInternalSubnet, DefaultEgressSubnet)
+	// 10.255.255.0/24 holds a fence edge TestFencesEdgesOnTheWire dials
+	// (10.255.255.255): no session subnet may take it.
+	sessnettest.Reserve(DefaultInternalSubnet, DefaultEgressSubnet, netip.MustParsePrefix("10.255.255.0/24"))
 	goleak.VerifyTestMain(m)
 }
 

@@ -134,11 +134,7 @@ func NewUpstream(t testing.TB, prefix string, egress netip.Prefix) *Upstream {
 	u.RouteFrom(t, egress)
 
 	for name, a := range addrs {
-		h := Host{Addr: a}
-		ln := u.Listen(t, "tcp4", netip.AddrPortFrom(a, 0))
-		h.TCP = Serve(t, ln)
-		h.UDP = Echo(t, u.ListenPacket(t, "udp4", netip.AddrPortFrom(a, 0)))
-		u.Hosts[name] = h
+		u.Hosts[name] = u.serveHost(t, a)
 	}
 	// Control: the router answers the host on the link.
 	srv := Serve(t, u.Listen(t, "tcp4", netip.AddrPortFrom(u.RouterAddr, 0)))
@@ -146,6 +142,40 @@ func NewUpstream(t testing.TB, prefix string, egress netip.Prefix) *Upstream {
 		t.Fatalf("the host cannot reach its upstream's router at %s: %v (seen from %s)", srv.Addr, err, from)
 	}
 	return u
+}
+
+// AddHost makes one more test host behind the router, at addr (IPv4):
+// an address on the router's loopback, the host's route to it in the
+// Upstream's table (so only the sessions' traffic goes there), and a TCP
+// and a UDP echo server on it. For fixed addresses, as the edges of a
+// fenced range: the caller sees that no route of the host's own covers
+// addr, or accepts that one does.
+func (u *Upstream) AddHost(t testing.TB, addr netip.Addr) Host {
+	t.Helper()
+	lo, err := u.Router.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Router.AddrAdd(lo, &netlink.Addr{IPNet: IPNet(netip.PrefixFrom(addr, 32))}); err != nil {
+		t.Fatalf("giving the router %s: %v", addr, err)
+	}
+	hostLink, err := netlink.LinkByName(u.HostLink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &netlink.Route{Dst: IPNet(netip.PrefixFrom(addr, 32)), Gw: u.RouterAddr.AsSlice(), LinkIndex: hostLink.Attrs().Index, Table: u.Table}
+	if err := netlink.RouteAdd(r); err != nil {
+		t.Fatalf("adding the route to %s in table %d: %v", addr, u.Table, err)
+	}
+	return u.serveHost(t, addr)
+}
+
+func (u *Upstream) serveHost(t testing.TB, a netip.Addr) Host {
+	t.Helper()
+	h := Host{Addr: a}
+	h.TCP = Serve(t, u.Listen(t, "tcp4", netip.AddrPortFrom(a, 0)))
+	h.UDP = Echo(t, u.ListenPacket(t, "udp4", netip.AddrPortFrom(a, 0)))
+	return h
 }
 
 // RouteFrom routes traffic from src (a session subnet) to the test hosts,
