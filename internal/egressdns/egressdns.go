@@ -35,7 +35,6 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-	"golang.org/x/net/netutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -99,12 +98,14 @@ type Config struct {
 	// connections open at once (default DefaultMaxInFlight). A query over
 	// the cap gets SERVFAIL at once, unless a client (a source address:
 	// one session) holds at least two more than the query's: then that
-	// client's oldest query gives its slot up and gets SERVFAIL. A TCP
-	// connection over the cap waits in the kernel's backlog.
+	// client's oldest query gives its slot up and gets SERVFAIL. TCP
+	// connections share the same way: one over the cap is closed at once,
+	// or the oldest of a client holding two more is.
 	MaxInFlight int
 
 	// MaxInFlightPerClient caps the queries one client (source address)
-	// has being answered at once; one over it gets SERVFAIL at once. 0
+	// has being answered at once, and its TCP connections open at once;
+	// a query over it gets SERVFAIL, a connection is closed, at once. 0
 	// means MaxInFlight/DefaultClientShare (at least 1); more than
 	// MaxInFlight means MaxInFlight.
 	MaxInFlightPerClient int
@@ -223,7 +224,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	if err := s.serve(pc, netutil.LimitListener(ln, inFlight)); err != nil {
+	if err := s.serve(pc, &fairListener{Listener: ln, conns: newSlots(inFlight, min(perClient, inFlight))}); err != nil {
 		s.cancel()
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -90,21 +91,21 @@ func TestSlots(t *testing.T) {
 	var as []*slot
 	var actx []context.Context
 	for range 3 {
-		sl, ctx := p.acquire(t.Context(), a)
+		sl, ctx, _ := p.acquire(t.Context(), a)
 		if sl == nil {
 			t.Fatal("a client under its bound got no slot")
 		}
 		as, actx = append(as, sl), append(actx, ctx)
 	}
-	if sl, _ := p.acquire(t.Context(), a); sl != nil {
+	if sl := p.take(a, func() {}); sl != nil {
 		t.Fatal("a client got a slot over its bound")
 	}
-	bs, _ := p.acquire(t.Context(), b)
+	bs := p.take(b, func() {})
 	if bs == nil {
 		t.Fatal("the last free slot was not given")
 	}
 	// Full: c (0) takes a's oldest (a holds 3).
-	cs, _ := p.acquire(t.Context(), c)
+	cs := p.take(c, func() {})
 	if cs == nil {
 		t.Fatal("a client holding none got no slot from one holding 3")
 	}
@@ -115,19 +116,19 @@ func TestSlots(t *testing.T) {
 		t.Error("not the oldest query of the client gave its slot up")
 	}
 	// Full: b (1) and a (2) find nobody holding two more than they do.
-	if sl, _ := p.acquire(t.Context(), b); sl != nil {
+	if sl := p.take(b, func() {}); sl != nil {
 		t.Error("b (1) took a slot from a (2)")
 	}
-	if sl, _ := p.acquire(t.Context(), a); sl != nil {
+	if sl := p.take(a, func() {}); sl != nil {
 		t.Error("a (2) took a slot from a pool where nobody holds 4")
 	}
 	// The taken slot's release frees nothing; another's frees one.
 	p.release(as[0])
-	if sl, _ := p.acquire(t.Context(), b); sl != nil {
+	if sl := p.take(b, func() {}); sl != nil {
 		t.Error("releasing a taken slot freed one")
 	}
 	p.release(cs)
-	if sl, _ := p.acquire(t.Context(), b); sl == nil {
+	if sl := p.take(b, func() {}); sl == nil {
 		t.Error("a released slot was not given")
 	}
 	if p.total != 4 || len(p.clients[a]) != 2 || len(p.clients[b]) != 2 || len(p.clients[c]) != 0 {
@@ -216,4 +217,85 @@ func TestTimeoutOverTwoSeconds(t *testing.T) {
 	if took := time.Since(start); r.Rcode != dns.RcodeServerFailure || took < timeout {
 		t.Errorf("a query the upstream never answers: %s after %v, want SERVFAIL after the %v timeout", rcode(r), took, timeout)
 	}
+}
+
+// TestTCPConnectionsShared: TCP connections are shared as the queries
+// are. One session kept every connection the server holds open (a query
+// on each every half second: never idle), and every other session's TCP
+// queries waited in the kernel's backlog for as long; now it holds its
+// bound, and a session finding them all held by others takes one.
+func TestTCPConnectionsShared(t *testing.T) {
+	up := newUpstream(t, false)
+	cfg := Config{MaxInFlight: 4, MaxInFlightPerClient: 2}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop); wg.Wait() })
+	// hold returns once each connection's first query is answered, or
+	// failed: the server has taken it, or turned it away.
+	hold := func(s *Server, from netip.Addr, n int) {
+		t.Helper()
+		first := make(chan struct{}, n)
+		defer func() {
+			for range n {
+				<-first
+			}
+		}()
+		for range n {
+			c, err := tcpClient(from).Dial(s.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			wg.Go(func() {
+				defer c.Close()
+				m := new(dns.Msg)
+				m.SetQuestion("other.test.", dns.TypeA)
+				// Until the server closes the connection (over the
+				// bound, or taken), or the test ends.
+				for i := 0; ; i++ {
+					_, _, err := tcpClient(from).ExchangeWithConn(m, c)
+					if i == 0 {
+						first <- struct{}{}
+					}
+					if err != nil {
+						return
+					}
+					select {
+					case <-stop:
+						return
+					case <-time.After(500 * time.Millisecond):
+					}
+				}
+			})
+		}
+	}
+	ask := func(s *Server, what string, from netip.Addr) {
+		t.Helper()
+		m := new(dns.Msg)
+		m.SetQuestion("allowed.test.", dns.TypeA)
+		r, _, err := tcpClient(from).Exchange(m, s.Addr().String())
+		if err != nil {
+			t.Errorf("%s: a TCP query from %s: %v", what, from, err)
+			return
+		}
+		if r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
+			t.Errorf("%s: a TCP query from %s: %s %v, want the answer", what, from, rcode(r), r.Answer)
+		}
+	}
+	// One session tries to hold all 4 connections.
+	s := newResolver(t, up, cfg)
+	hold(s, clientAddr(1), 4)
+	ask(s, "one session holding its bound", clientAddr(10))
+	// Two sessions hold all 4, each its bound (a server of its own: the
+	// asker's connection above is let go some time after its close).
+	s = newResolver(t, up, cfg)
+	hold(s, clientAddr(1), 2)
+	hold(s, clientAddr(2), 2)
+	ask(s, "two sessions holding every connection", clientAddr(11))
+}
+
+func tcpClient(from netip.Addr) *dns.Client {
+	return &dns.Client{Net: "tcp", Timeout: 10 * time.Second, Dialer: &net.Dialer{
+		Timeout:   10 * time.Second,
+		LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(from, 0)),
+	}}
 }

@@ -15,12 +15,13 @@ import (
 // ServeDNS answers one query; miekg/dns calls it, one goroutine per query.
 func (s *Server) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	_, tcp := w.LocalAddr().(*net.TCPAddr)
-	sl, ctx := s.slots.acquire(s.ctx, clientOf(w))
+	sl, ctx, cancel := s.slots.acquire(s.ctx, clientOf(w))
 	if sl == nil {
 		s.overloaded.Add(1)
 		s.reply(w, r, dns.RcodeServerFailure, nil)
 		return
 	}
+	defer cancel()
 	defer s.slots.release(sl)
 	if r.Opcode != dns.OpcodeQuery {
 		s.malformed.Add(1)
