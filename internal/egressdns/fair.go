@@ -19,7 +19,7 @@ import (
 // at least two more than the asker: however many sessions flood, one that
 // asks less than they do still gets its share.
 type slots struct {
-	max, perClient int
+	limit, perClient int
 
 	mu      sync.Mutex
 	total   int
@@ -33,8 +33,8 @@ type slot struct {
 	preempted atomic.Bool // its hold was given to another client
 }
 
-func newSlots(max, perClient int) *slots {
-	return &slots{max: max, perClient: perClient, clients: make(map[netip.Addr][]*slot)}
+func newSlots(limit, perClient int) *slots {
+	return &slots{limit: limit, perClient: perClient, clients: make(map[netip.Addr][]*slot)}
 }
 
 // acquire takes a slot for a query from client, with the context its
@@ -60,7 +60,7 @@ func (p *slots) take(client netip.Addr, stop func()) *slot {
 	if held >= p.perClient {
 		return nil
 	}
-	if p.total >= p.max && !p.preemptLocked(held) {
+	if p.total >= p.limit && !p.preemptLocked(held) {
 		return nil
 	}
 	sl := &slot{client: client, stop: stop}
