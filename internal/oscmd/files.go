@@ -84,6 +84,11 @@ func SyncDirs(open func(name string) (*os.File, error), dir string, ancestors bo
 // directory for a symlink between the listing and the removal, and a walk
 // by path would then follow it and remove a file outside the tree.
 func RemoveTemps(ctx context.Context, dir, prefix string, stale func(name string) bool) error {
+	// dir itself is not followed either (os.OpenRoot would): a symlink
+	// there has no temporaries of the tree's.
+	if fi, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) || err == nil && !fi.IsDir() {
+		return nil
+	}
 	root, err := os.OpenRoot(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil

@@ -68,6 +68,13 @@ func TestRemoveTemps(t *testing.T) {
 	if err := RemoveTemps(context.Background(), filepath.Join(dir, "missing"), ".tmp-", nil); err != nil {
 		t.Errorf("a missing dir: %v", err)
 	}
+	// dir itself a symlink: not followed either.
+	if err := RemoveTemps(context.Background(), filepath.Join(dir, "a", "link"), ".tmp-", nil); err != nil {
+		t.Errorf("dir a symlink: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(outside, ".tmp-out")); err != nil {
+		t.Errorf("a file outside, behind dir itself a symlink, was removed: %v", err)
+	}
 }
 
 // TestRemoveTempsDirSwapped swaps a directory of the tree for a symlink
