@@ -105,7 +105,9 @@
 // reading, so a kill is applied as soon as it arrives, even while a stdin
 // write waits on a full pipe. A client that waits for each stdin ack
 // before its next stdin frame (as the Go client does) never meets the
-// limit.
+// limit. One kill is in flight at a time: kill frames that come meanwhile
+// are acked once it returned, and a client may have at most 1024 kill
+// frames sent and not yet acked (the Go client has one).
 //
 // Deadline: the server enforces timeout_seconds itself. An "error" frame of
 // kind exec_timeout carries exit_code when the server killed the exec at

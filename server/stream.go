@@ -37,6 +37,12 @@ const (
 	// a kill frame is read at once whatever stdin is queued.
 	stdinQueueBytes  = 2 * api.MaxStdinFrame
 	stdinQueueFrames = 1024
+	// killQueueFrames bounds the kill frames a client may send ahead of
+	// their acks. One kill at a time is in flight, the frames received
+	// meanwhile wait for it (a kill is idempotent) and are acked once it
+	// returned; a frame past the bound is a protocol violation, so that
+	// neither goroutines nor waiting ids grow with a flood of kills.
+	killQueueFrames = 1024
 	// maxOutFrame is the most output data one binary frame carries.
 	maxOutFrame = api.MaxStdinFrame
 )
@@ -158,8 +164,9 @@ type stdinOp struct {
 // Goroutines: run (the handler's own: starts the exec, pumps its output,
 // ends the stream), the reader (every client frame), the stdin worker
 // (WriteStdin and CloseStdin in order), control (the start timeout, the
-// exec's deadline, the shutdown), the pinger, and one per kill frame. run
-// waits for all of them before it returns.
+// exec's deadline, the shutdown), the pinger, and the killer (one at a
+// time, while kill frames wait for their ack). run waits for all of them
+// before it returns.
 type execStream struct {
 	s    *Server
 	conn *websocket.Conn
@@ -187,7 +194,7 @@ type execStream struct {
 	outBuf      []byte // the pump's frame buffer
 
 	wg    sync.WaitGroup // reader, control, pinger, stdin worker
-	kills sync.WaitGroup // kill frames in progress
+	kills sync.WaitGroup // the killer, while it runs
 	// stdinCtx (a child of ctx) bounds the stdin worker; end stops it and
 	// waits for it (stdinWG) before the last frame, so that the ack of an
 	// op applied before the end comes before it.
@@ -208,6 +215,10 @@ type execStream struct {
 	deadlineHit  bool        // the server killed the exec at its deadline
 	clientKilled bool        // a kill frame came first: the deadline no longer applies
 	shutdownHit  bool        // the server killed the exec at shutdown
+	killIDs      []uint64    // kill frames received, not yet taken by the killer
+	killUnacked  int         // kill frames received and not yet acked
+	killing      bool        // the killer runs: a new kill frame waits for it
+	killOK       bool        // a kill frame's Kill returned nil: the exec is killed
 	dropTimers   []*time.Timer
 	closeStatus  websocket.StatusCode // a violation's close status
 

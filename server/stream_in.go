@@ -153,8 +153,7 @@ func (st *execStream) handleFrame(typ websocket.MessageType, data []byte) bool {
 			return false
 		}
 		if f.Type == api.FrameKill {
-			st.clientKill(f.ID)
-			return true
+			return st.clientKill(f.ID)
 		}
 		return st.enqueue(stdinOp{id: f.ID, close: true})
 	case api.FrameStart:
@@ -193,14 +192,24 @@ func (st *execStream) enqueue(op stdinOp) bool {
 	return true
 }
 
-// clientKill kills the exec at once, in its own goroutine (a WriteStdin may
-// be blocked on a full pipe), and acks once Kill returned. A kill that
-// comes first stops the server's deadline.
-func (st *execStream) clientKill(id uint64) {
+// clientKill queues a kill frame for the killer, starting it unless it
+// runs: a kill is applied at once (a WriteStdin may be blocked on a full
+// pipe, so not in the stdin worker), one at a time however many frames
+// come, and acked once Kill returned. A kill that comes first stops the
+// server's deadline. false: the frame was a violation, the reader ends.
+func (st *execStream) clientKill(id uint64) bool {
 	st.mu.Lock()
 	if st.ended {
 		st.mu.Unlock()
-		return // the stream is ending: run kills the exec and its end answers the client
+		return true // the stream is ending: run kills the exec and its end answers the client
+	}
+	if st.killUnacked >= killQueueFrames {
+		st.mu.Unlock()
+		// No Kill here: one is in flight, and run kills the exec once
+		// the abort has stopped the pump.
+		st.violate(fmt.Sprintf("kill frame %d: more than %d kill frames received and not yet acked: wait for the ack of a kill before sending another",
+			id, killQueueFrames), false)
+		return false
 	}
 	if !st.deadlineHit {
 		st.clientKilled = true
@@ -208,16 +217,53 @@ func (st *execStream) clientKill(id uint64) {
 			st.deadline.Stop()
 		}
 	}
-	st.kills.Add(1)
+	st.killIDs = append(st.killIDs, id)
+	st.killUnacked++
+	start := !st.killing
+	if start {
+		st.killing = true
+		st.kills.Add(1)
+	}
 	st.mu.Unlock()
 	st.markEnding()
-	go func() {
-		defer st.kills.Done()
-		defer st.recoverPanic("kill")
-		ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
-		defer cancel()
-		st.sendAck(id, st.h.Kill(ctx))
-	}()
+	if start {
+		go st.killer()
+	}
+	return true
+}
+
+// killer kills the exec for the kill frames waiting, acks them, and goes
+// on while more came meanwhile. Once a Kill returned nil the exec is
+// killed: the frames that come later are acked without another.
+func (st *execStream) killer() {
+	defer st.kills.Done()
+	defer st.recoverPanic("kill")
+	for {
+		st.mu.Lock()
+		ids, killed := st.killIDs, st.killOK
+		st.killIDs = nil
+		if len(ids) == 0 {
+			st.killing = false
+			st.mu.Unlock()
+			return
+		}
+		st.mu.Unlock()
+		var err error
+		if !killed {
+			ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
+			err = st.h.Kill(ctx)
+			cancel()
+		}
+		st.mu.Lock()
+		st.killOK = st.killOK || err == nil
+		st.mu.Unlock()
+		for _, id := range ids {
+			st.mu.Lock()
+			st.killUnacked--
+			st.mu.Unlock()
+			st.sendAck(id, err)
+		}
+	}
 }
 
 // stdinWorker applies stdin ops in order and acks each, until end stops
