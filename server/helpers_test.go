@@ -52,10 +52,10 @@ type env struct {
 }
 
 // newEnv builds a host sandbox and its server; each mod is a
-// func(*Options) run before New or a func(*Server) run after it, before the
-// server serves. Cleanup: the client's idle connections, the server's
-// handlers (streams included) drained, the test server closed, the sandbox
-// closed.
+// func(*Options) run before New, a func(*Server) run after it, or a
+// func(*httptest.Server) run before the test server starts. Cleanup: the
+// client's idle connections, the server's handlers (streams included)
+// drained, the test server closed, the sandbox closed.
 func newEnv(t *testing.T, mod ...any) *env {
 	t.Helper()
 	sb, err := host.New(host.Options{Options: kit.Options{Policy: testPolicy}, ProviderOptions: kit.ProviderOptions{StateDir: t.TempDir()}})
@@ -87,12 +87,18 @@ func newEnvOn(t *testing.T, sb *kit.Sandbox, served sandbox.Sandbox, mod ...any)
 		switch f := m.(type) {
 		case func(*Server):
 			f(srv)
-		case func(*Options):
+		case func(*Options), func(*httptest.Server):
 		default:
 			t.Fatalf("newEnv: a mod of type %T", m)
 		}
 	}
-	ts := httptest.NewServer(srv)
+	ts := httptest.NewUnstartedServer(srv)
+	for _, m := range mod {
+		if f, ok := m.(func(*httptest.Server)); ok {
+			f(ts)
+		}
+	}
+	ts.Start()
 	t.Cleanup(ts.Close)
 	t.Cleanup(func() { waitIdle(t, srv) })
 	tr := &http.Transport{MaxIdleConnsPerHost: 64}

@@ -2,6 +2,10 @@ package server
 
 import (
 	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -22,17 +26,48 @@ import (
 // host's handle (a sandbox.ExitWatcher) tells it the exec had exited.
 // (Review finding: over the wire this was reported as exec_timeout.) Also
 // with pings every 100ms, which the paused client leaves unanswered.
+//
+// The output fits in the host's stream buffer, so the command exits
+// whatever the connection holds; the connection's socket buffers are
+// pinned small, so the pump is surely blocked at the deadline. (The test
+// was flaky when it relied on the connection to hold the output beyond
+// that buffer: TCP's send buffer grows by itself, up to tcp_wmem's
+// maximum, as fast as the congestion window does, and under load it did
+// not reach the ~5 MiB the 9 MiB needed by the deadline, so the command
+// was still writing and was rightly killed.)
 func TestStreamExitedBeforeDeadlineReadAfter(t *testing.T) {
+	const (
+		sockBuf = 64 << 10
+		n       = 3 << 20 // within the host's stream buffer, far over what the connection holds
+	)
+	if n >= kit.DefaultStreamBuffer {
+		t.Fatalf("the output (%d bytes) does not fit in the host's stream buffer (%d)", n, kit.DefaultStreamBuffer)
+	}
+	smallSend := func(ts *httptest.Server) {
+		ts.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+			if err := c.(*net.TCPConn).SetWriteBuffer(sockBuf); err != nil {
+				t.Errorf("the server connection's send buffer: %v", err)
+			}
+			return ctx
+		}
+	}
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil {
+			err = c.(*net.TCPConn).SetReadBuffer(sockBuf)
+		}
+		return c, err
+	}}
+	t.Cleanup(tr.CloseIdleConnections)
 	for _, c := range []struct {
 		name string
 		mod  []any
 	}{{"default timing", nil}, {"fast pings", []any{fastTiming}}} {
 		t.Run(c.name, func(t *testing.T) {
-			e := newEnv(t, c.mod...)
+			e := newEnv(t, append(c.mod, smallSend)...)
 			id := e.create(hostSpec()).ID
-			w := wsClient{t, e.dial(id, nil)}
-			const n = 9 << 20
-			w.start([]string{"sh", "-c", "head -c 9437184 /dev/zero"}, 2, nil)
+			w := wsClient{t, e.dial(id, &http.Client{Transport: tr})}
+			w.start([]string{"sh", "-c", "head -c " + strconv.Itoa(n) + " /dev/zero"}, 2, nil)
 			w.expectStarted()
 			time.Sleep(4 * time.Second) // the exec exits at once; we read after its deadline
 			r := w.readToEnd(30 * time.Second)
