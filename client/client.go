@@ -459,7 +459,10 @@ func (c *Client) doJSON(ctx context.Context, op, method, path string, q url.Valu
 		var se *json.SyntaxError
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &se) || errors.As(err, &te) || errors.Is(err, io.EOF) {
-			return sandbox.WrapError(op, fmt.Sprintf("the daemon at %s answered %s with a body that is not the expected JSON", c.display, resp.Status), noEOF(err))
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF // an empty body: never the clean end of a stream
+			}
+			return sandbox.WrapError(op, fmt.Sprintf("the daemon at %s answered %s with a body that is not the expected JSON", c.display, resp.Status), err)
 		}
 		return c.transportErr(ctx, op, err)
 	}
@@ -491,15 +494,34 @@ func (c *Client) transportErr(ctx context.Context, op string, err error) error {
 	if errors.As(err, &ue) {
 		err = ue.Err // the url.Error repeats the URL
 	}
-	return sandbox.WrapError(op, "cannot reach the daemon at "+c.display, noEOF(err))
+	if err = noEOF(err); err == ErrConnectionClosed {
+		return sandbox.WrapError(op, "the connection to the daemon at "+c.display+" ended before its answer", err)
+	}
+	return sandbox.WrapError(op, "cannot reach the daemon at "+c.display, err)
 }
 
-// noEOF replaces a cause that matches io.EOF by io.ErrUnexpectedEOF: an
-// error the client returns never passes for the clean end of a stream
+// ErrConnectionClosed is the cause of an error of a call, an exec stream
+// or a download whose connection was closed (by the daemon, or a proxy in
+// between) before the answer was whole: errors.Is(err,
+// ErrConnectionClosed). It also matches io.ErrUnexpectedEOF, never io.EOF:
+// a caller reading a stream must not take it for the stream's clean end.
+var ErrConnectionClosed error = connectionClosed{}
+
+type connectionClosed struct{}
+
+func (connectionClosed) Error() string {
+	return "the daemon closed the connection before the answer was whole"
+}
+
+func (connectionClosed) Is(target error) bool { return target == io.ErrUnexpectedEOF }
+
+// noEOF replaces a cause that matches io.EOF or io.ErrUnexpectedEOF (a
+// connection closed midway) by ErrConnectionClosed: an error the client
+// returns says so, and never passes for the clean end of a stream
 // (errors.Is(err, io.EOF)).
 func noEOF(err error) error {
-	if errors.Is(err, io.EOF) {
-		return io.ErrUnexpectedEOF
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return ErrConnectionClosed
 	}
 	return err
 }

@@ -22,7 +22,9 @@
 // *sandbox.ExecTimeoutError with its lengths and timeout, ...); an answer
 // that is not an API error body is a *sandbox.SandboxError naming the HTTP
 // status. A daemon that cannot be reached gives a *sandbox.SandboxError
-// saying so, whose cause is the network error. A call whose context ends
+// saying so, whose cause is the network error; a connection closed before
+// the answer was whole (a call's, an exec stream's, a download's) one whose
+// cause is [ErrConnectionClosed], never io.EOF. A call whose context ends
 // returns a *sandbox.SandboxError that also matches ctx.Err() with
 // errors.Is. The bearer token and env values never appear in an error.
 //

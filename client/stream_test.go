@@ -433,7 +433,8 @@ func TestWriteStdinFrames(t *testing.T) {
 	}
 }
 
-// A connection lost before the stream's end is a sticky SandboxError;
+// A connection lost before the stream's end is a sticky SandboxError
+// (caused by ErrConnectionClosed);
 // Kill then returns nil and WriteStdin a SandboxError.
 func TestStreamLost(t *testing.T) {
 	h := startFake(t, false, func(p *wsPeer) {
@@ -446,6 +447,9 @@ func TestStreamLost(t *testing.T) {
 		t.Fatalf("stream: %q, exit %v, error %v; want partial, then a SandboxError saying the stream was lost", stdout, exit, err)
 	}
 	inFamily(t, "lost", err)
+	if !errors.Is(err, ErrConnectionClosed) || errors.Is(err, io.EOF) {
+		t.Errorf("stream lost: %v; want ErrConnectionClosed as its cause, never io.EOF", err)
+	}
 	if _, again := h.Next(t.Context()); again != err {
 		t.Errorf("Next again: %v; want the same error", again)
 	}
