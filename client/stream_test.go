@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -608,4 +609,39 @@ func TestDestroyFreesHandle(t *testing.T) {
 		t.Errorf("the end: %v; want the SessionNotFoundError", err)
 	}
 	kill(t, h, time.Second)
+}
+
+// Output frames with no data (a tag alone, which the daemon may send) are
+// not handed to the caller: every chunk Next returns holds bytes.
+func TestEmptyOutputFramesDropped(t *testing.T) {
+	h := startFake(t, false, func(p *wsPeer) {
+		_ = p.output(api.TagStdout, []byte("a"))
+		_ = p.output(api.TagStdout, nil)
+		_ = p.output(api.TagStderr, nil)
+		_ = p.output(api.TagStderr, []byte("e"))
+		_ = p.output(api.TagStdout, []byte{})
+		_ = p.output(api.TagStdout, []byte("b"))
+		_ = p.exit(0)
+		p.closeNormally()
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	var got []string
+	for {
+		item, err := h.Next(ctx)
+		if err != nil {
+			t.Fatalf("Next: %v after %q", err, got)
+		}
+		c, ok := item.(*sandbox.StreamChunk)
+		if !ok {
+			break
+		}
+		if len(c.Data) == 0 {
+			t.Errorf("an empty %v chunk after %q", c.Stream, got)
+		}
+		got = append(got, string(c.Stream)+":"+string(c.Data))
+	}
+	if want := []string{"stdout:a", "stderr:e", "stdout:b"}; !slices.Equal(got, want) {
+		t.Errorf("chunks %q, want %q", got, want)
+	}
 }
