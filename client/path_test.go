@@ -11,19 +11,16 @@ import (
 	"github.com/tai42/sandbox/api"
 )
 
-// TestSessionIDEscaped: a session id holding '/', '?', '#' or '%' is sent
-// as one escaped path segment by every call on it: the daemon sees the
-// id whole, on the route meant, with no query or fragment made of it.
-func TestSessionIDEscaped(t *testing.T) {
-	type hit struct{ route, id, rawQuery string }
-	var (
-		mu   sync.Mutex
-		hits []hit
-	)
+// hit is one request the fake daemon of TestSessionIDEscaped saw.
+type hit struct{ route, id, rawQuery string }
+
+// idMux answers every per-session route for any id, recording each
+// request's route, id (the path segment, unescaped) and query in hits.
+func idMux(mu *sync.Mutex, hits *[]hit) *http.ServeMux {
 	record := func(route string, answer func(w http.ResponseWriter, id string)) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
 			mu.Lock()
-			hits = append(hits, hit{route, r.PathValue("id"), r.URL.RawQuery})
+			*hits = append(*hits, hit{route, r.PathValue("id"), r.URL.RawQuery})
 			mu.Unlock()
 			answer(w, r.PathValue("id"))
 		}
@@ -48,7 +45,18 @@ func TestSessionIDEscaped(t *testing.T) {
 	mux.HandleFunc("GET /v1/sessions/{id}/exec/stream", record("exec_stream", func(w http.ResponseWriter, _ string) {
 		writeError(w, api.ErrorFrom(sandbox.Errorf("exec_start", "refused by the fake")))
 	}))
-	_, c := newFake(t, mux)
+	return mux
+}
+
+// TestSessionIDEscaped: a session id holding '/', '?', '#' or '%' is sent
+// as one escaped path segment by every call on it: the daemon sees the
+// id whole, on the route meant, with no query or fragment made of it.
+func TestSessionIDEscaped(t *testing.T) {
+	var (
+		mu   sync.Mutex
+		hits []hit
+	)
+	_, c := newFake(t, idMux(&mu, &hits))
 	ctx := t.Context()
 	for _, id := range []string{"a/b", "a?b=c", "a#b", "a%2Fb", "../s1"} {
 		t.Run(url.PathEscape(id), func(t *testing.T) {
