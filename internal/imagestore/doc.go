@@ -2,8 +2,9 @@
 // images pulled from registries (see Pull) or imported from local files
 // (an OCI image layout, a tar of one, or a `docker save` tarball), in a
 // store directory (<state-dir>/images) where each layer is unpacked once,
-// in overlayfs's format, and shared by every image that has it; sessions
-// stack an image's layers as their overlay's lower directories. It also
+// in overlayfs's format, and shared by every image that has it over the
+// same layers below (see chainKeys); sessions stack an image's layers as
+// their overlay's lower directories. It also
 // builds the provider's built-in image "host" (see BuildHost): a
 // read-only view of the host's system directories.
 //

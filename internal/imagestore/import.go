@@ -59,8 +59,8 @@ const (
 // this machine's architecture.
 //
 // Each layer the store lacks is unpacked, streaming, into a layer
-// directory of its own, shared with every image that has it (see addImage
-// and extractLayer), keeping modes (setuid bits included), owners (when
+// directory of its own, shared with every image that has it over the same
+// layers below (see addImage, chainKeys and extractLayer), keeping modes (setuid bits included), owners (when
 // running as root) and modification times. Each layer is checked against
 // its digest in the image config. A hostile entry fails the import:
 // nothing is ever written outside the new layer's directory or through a

@@ -27,20 +27,57 @@ import (
 // bandwidth into slivers.
 const maxConcurrentLayers = 3
 
-// layerDirPattern matches the name of a layer directory: a diffID's, or
-// a layer migrated from a version-1 store (see the layout in store.go).
-var layerDirPattern = lazyRegexp(`^(sha256-[0-9a-f]{64}|v1-[a-z0-9]+-[0-9a-f]{32,128}-[0-9a-f]{16})$`)
+// layerDirPattern matches the name of a layer directory: a chain ID's, a
+// diffID's (a store of an older tai42), or a layer migrated from a
+// version-1 store (see the layout in store.go).
+var layerDirPattern = lazyRegexp(`^(chain-[0-9a-f]{64}|sha256-[0-9a-f]{64}|v1-[a-z0-9]+-[0-9a-f]{32,128}-[0-9a-f]{16})$`)
 
 const (
 	layerFSDir    = "fs"
 	layerMetaFile = "meta.json"
-	// v1KeyPrefix keys a layer migrated from a version-1 store; no diffID
-	// ("sha256:...") starts with it.
+	// chainKeyPrefix keys a layer by its chain ID (see chainKeys).
+	chainKeyPrefix = "chain:"
+	// v1KeyPrefix keys a layer migrated from a version-1 store; no chain
+	// ID or diffID starts with it.
 	v1KeyPrefix = "v1:"
 )
 
-// keyDir is the directory name of the layer keyed k ("sha256:<hex>" ->
-// "sha256-<hex>"); dirKey is the inverse.
+// chainKeys are the keys of the layers diffIDs (sha256 digests, lowest
+// first) stack into: each layer's chain ID (OCI image spec, config.md:
+// ChainID(L0) = DiffID(L0), ChainID(Ln) = SHA256(ChainID(Ln-1) + " " +
+// DiffID(Ln))) as "chain:<hex>".
+//
+// A layer is keyed by the layers below it too, not by its diffID alone,
+// because what is stored of it depends on them: its hard links to their
+// files are copies of those files, and its implicit directories take
+// their owners and modes (see linkFromLowers). Keyed by diffID, the copy
+// made over the first image's lowers served every later image with that
+// layer, whatever its own lowers held. Only layers over the same lowers
+// are shared now; a base, the layers most often shared, still is.
+//
+// The prefix keeps these keys apart from a diffID-keyed layer of an older
+// tai42's store ("sha256:<hex>", the same digest for a bottom layer),
+// which may have been unpacked over another image's lowers: such a layer
+// is never reused, it stays for the images indexed with it until they
+// are removed or pulled again, then goes as any unused layer.
+func chainKeys(diffIDs []v1.Hash) []string {
+	keys := make([]string, len(diffIDs))
+	var chain string // "sha256:<hex>"
+	for i, d := range diffIDs {
+		if i == 0 {
+			chain = d.String()
+		} else {
+			sum := sha256.Sum256([]byte(chain + " " + d.String()))
+			chain = "sha256:" + hex.EncodeToString(sum[:])
+		}
+		keys[i] = chainKeyPrefix + strings.TrimPrefix(chain, "sha256:")
+	}
+	return keys
+}
+
+// keyDir is the directory name of the layer keyed k ("chain:<hex>" ->
+// "chain-<hex>", "sha256:<hex>" -> "sha256-<hex>"); dirKey is the
+// inverse.
 func keyDir(k string) string { return strings.Replace(k, ":", "-", 1) }
 func dirKey(d string) string { return strings.Replace(d, "-", ":", 1) }
 
@@ -49,9 +86,13 @@ func (s *Store) layerFS(k string) string   { return filepath.Join(s.layerPath(k)
 
 // layerMeta is a layer's meta.json.
 type layerMeta struct {
-	// DiffID is the layer's key: its diffID, or "v1:<dir>" for a layer
-	// migrated from a version-1 store (the flattened image of that dir).
+	// DiffID is the layer's diffID; in a store of an older tai42, its
+	// key: its diffID, or "v1:<dir>" for a layer migrated from a version-1
+	// store (the flattened image of that dir).
 	DiffID string `json:"diff_id"`
+	// ChainID is the layer's chain ID (see chainKeys), its key without
+	// the prefix; none in a store of an older tai42.
+	ChainID string `json:"chain_id,omitempty"`
 	// Digest is the layer's compressed (blob) digest when it was pulled.
 	Digest string `json:"digest,omitempty"`
 	// Size is the bytes its tree takes on disk (allocated blocks).
@@ -139,13 +180,12 @@ func (s *Store) addImage(ctx context.Context, st *stage, req addRequest) (Image,
 	if len(diffIDs) != len(layers) {
 		return Image{}, fmt.Errorf("%w: image %s has %d layers but its config lists %d diff IDs", ErrInvalidImage, req.Label, len(layers), len(diffIDs))
 	}
-	keys := make([]string, len(diffIDs))
 	for i, d := range diffIDs {
 		if b, err := hex.DecodeString(d.Hex); d.Algorithm != "sha256" || err != nil || len(b) != sha256.Size {
 			return Image{}, fmt.Errorf("%w: image %s: layer %d has diff ID %q, not a sha256 digest", ErrInvalidImage, req.Label, i+1, d)
 		}
-		keys[i] = d.String()
 	}
+	keys := chainKeys(diffIDs)
 	raw, err := img.RawConfigFile()
 	if err != nil {
 		return Image{}, fmt.Errorf("%w: reading the config of image %s: %w", ErrInvalidImage, req.Label, err)
@@ -153,7 +193,7 @@ func (s *Store) addImage(ctx context.Context, st *stage, req addRequest) (Image,
 	if err := st.plan(versionRecord{ID: id.String(), Layers: keys, Config: raw}); err != nil {
 		return Image{}, err
 	}
-	if err := s.unpackLayers(ctx, st, req, layers, diffIDs); err != nil {
+	if err := s.unpackLayers(ctx, st, req, layers, diffIDs, keys); err != nil {
 		return Image{}, err
 	}
 	if err := removeAll(filepath.Join(st.dir, "src")); err != nil {
@@ -189,8 +229,8 @@ func platformOf(cfg *v1.ConfigFile) string {
 
 // layerJob is one layer of an image being added.
 type layerJob struct {
-	n      int // 1-based position in the image, for errors
-	key    string
+	n      int    // 1-based position in the image, for errors
+	key    string // its chain key: no two layers of an image have one
 	diffID v1.Hash
 	layer  v1.Layer
 	done   chan struct{} // closed once the layer is committed
@@ -199,31 +239,19 @@ type layerJob struct {
 // unpackLayers commits every layer of the image the store lacks,
 // concurrently; each one unpacks while it downloads. A layer with hard
 // links to lower layers waits for them to be committed to resolve them.
-func (s *Store) unpackLayers(ctx context.Context, st *stage, req addRequest, layers []v1.Layer, diffIDs []v1.Hash) error {
+func (s *Store) unpackLayers(ctx context.Context, st *stage, req addRequest, layers []v1.Layer, diffIDs []v1.Hash, keys []string) error {
 	u := &unpacker{s: s, st: st, req: req, budget: newBudget(s.maxSize), sem: make(chan struct{}, maxConcurrentLayers)}
 	g, gctx := errgroup.WithContext(ctx)
 	jobs := make([]*layerJob, len(layers))
 	for i, l := range layers {
-		key := diffIDs[i].String()
-		if j := findJob(jobs[:i], key); j != nil {
-			jobs[i] = j // the same layer twice: unpacked once
-			continue
-		}
-		j := &layerJob{n: i + 1, key: key, diffID: diffIDs[i], layer: l, done: make(chan struct{})}
+		// A diffID the image has twice is two layers: over other lowers,
+		// each is stored on its own (see chainKeys).
+		j := &layerJob{n: i + 1, key: keys[i], diffID: diffIDs[i], layer: l, done: make(chan struct{})}
 		jobs[i] = j
 		lowers := jobs[:i]
 		g.Go(func() error { return u.layer(gctx, j, lowers) })
 	}
 	return g.Wait()
-}
-
-func findJob(jobs []*layerJob, key string) *layerJob {
-	for _, j := range jobs {
-		if j.key == key {
-			return j
-		}
-	}
-	return nil
 }
 
 // unpacker holds what the layers of one addImage share.
@@ -361,7 +389,7 @@ func (u *unpacker) commitLayer(ctx context.Context, j *layerJob, tmp, dest strin
 	if err != nil {
 		return false, err
 	}
-	m := layerMeta{DiffID: j.key, Size: size}
+	m := layerMeta{DiffID: j.diffID.String(), ChainID: "sha256:" + strings.TrimPrefix(j.key, chainKeyPrefix), Size: size}
 	if u.req.Digest != "" {
 		if d, err := j.layer.Digest(); err == nil {
 			m.Digest = d.String()

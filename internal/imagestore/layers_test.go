@@ -56,7 +56,7 @@ func dockerSave(t testing.TB, img v1.Image, tag string) string {
 	return file
 }
 
-// diffKeys are img's layer keys.
+// diffKeys are img's diffIDs, as strings.
 func diffKeys(t testing.TB, img v1.Image) []string {
 	t.Helper()
 	cf, err := img.ConfigFile()
@@ -68,6 +68,16 @@ func diffKeys(t testing.TB, img v1.Image) []string {
 		keys = append(keys, d.String())
 	}
 	return keys
+}
+
+// storeKeys are the keys the store gives img's layers: their chain IDs.
+func storeKeys(t testing.TB, img v1.Image) []string {
+	t.Helper()
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return chainKeys(cf.RootFS.DiffIDs)
 }
 
 // add runs addImage as Import and Pull do, with fetch and events.
@@ -116,19 +126,19 @@ func TestSharedBaseStoredOnce(t *testing.T) {
 	if len(ia.Layers) != 2 || len(ib.Layers) != 2 || ia.Layers[0] != ib.Layers[0] || ia.Layers[1] == ib.Layers[1] {
 		t.Fatalf("layers of a %v, of b %v: want the base shared, the tops apart", ia.Layers, ib.Layers)
 	}
-	if want := s.layerFS(diffKeys(t, a)[0]); ia.Layers[0] != want {
-		t.Errorf("base layer %s, want %s (named by its diffID)", ia.Layers[0], want)
+	if want := s.layerFS(storeKeys(t, a)[0]); ia.Layers[0] != want {
+		t.Errorf("base layer %s, want %s (named by its chain ID)", ia.Layers[0], want)
 	}
 	assertFile(t, ia.Layers[0], "etc/base", "base")
 	assertFile(t, ia.Layers[1], "a", "a")
 	assertFile(t, ib.Layers[1], "b", "b")
 
-	base := s.layerSize(diffKeys(t, a)[0])
+	base := s.layerSize(storeKeys(t, a)[0])
 	if base < 256<<10 {
 		t.Fatalf("base layer size %d", base)
 	}
 	for img, v := range map[*Image]v1.Image{&ia: a, &ib: b} {
-		top := s.layerSize(diffKeys(t, v)[1])
+		top := s.layerSize(storeKeys(t, v)[1])
 		if top <= 0 || img.SharedSize != base || img.Size != base+top {
 			t.Errorf("%s: size %d shared %d; the base is %d, its top %d", img.Name, img.Size, img.SharedSize, base, top)
 		}
@@ -147,7 +157,7 @@ func TestRemoveCollectsUnusedLayers(t *testing.T) {
 	if err := s.Remove("a:1"); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{keyDir(diffKeys(t, b)[0]), keyDir(diffKeys(t, b)[1])}
+	want := []string{keyDir(storeKeys(t, b)[0]), keyDir(storeKeys(t, b)[1])}
 	slices.Sort(want)
 	if got := dirNames(t, filepath.Join(s.dir, layersDirName)); !slices.Equal(got, want) {
 		t.Errorf("layers after removing a: %v, want b's %v", got, want)
@@ -219,20 +229,20 @@ var errRegistryGone = errors.New("registry gone")
 func TestFailedAddResumes(t *testing.T) {
 	s := openStore(t)
 	img := mkImage(t, nil, mkTar(t, tent{name: "one", data: "1"}), mkTar(t, tent{name: "two", data: "2"}), mkTar(t, tent{name: "three", data: "3"}))
-	keys := diffKeys(t, img)
+	keys, diffs := storeKeys(t, img), diffKeys(t, img)
 	firstDone := make(chan struct{})
 	_, err := add(context.Background(), t, s, addRequest{
 		Name:  "tool:1",
 		Image: img,
 		Fetch: func(l v1.Layer) (io.ReadCloser, error) {
-			if d, _ := l.DiffID(); d.String() == keys[0] {
+			if d, _ := l.DiffID(); d.String() == diffs[0] {
 				return l.Uncompressed()
 			}
 			<-firstDone
 			return nil, errRegistryGone
 		},
 		Events: func(h v1.Hash, status string) {
-			if h.String() == keys[0] && status == "done" {
+			if h.String() == diffs[0] && status == "done" {
 				close(firstDone)
 			}
 		},
@@ -299,7 +309,8 @@ func TestFailedAddResumes(t *testing.T) {
 			t.Errorf("layer %d (%s): event %q, want %q (events %v)", i+1, d, events[d.String()], want, events)
 		}
 		var m layerMeta
-		if err := readJSON(filepath.Join(s.layerPath(keys[i]), layerMetaFile), &m); err != nil || m.DiffID != keys[i] || m.Size <= 0 {
+		if err := readJSON(filepath.Join(s.layerPath(keys[i]), layerMetaFile), &m); err != nil || m.DiffID != diffs[i] ||
+			"chain:"+strings.TrimPrefix(m.ChainID, "sha256:") != keys[i] || m.Size <= 0 {
 			t.Errorf("layer %d meta %+v %v", i+1, m, err)
 		}
 		if i > 0 && m.Digest != d.String() {
@@ -471,7 +482,7 @@ func TestConcurrentSharedImports(t *testing.T) {
 		t.Fatalf("List: %d images, %v", len(list), err)
 	}
 	for _, img := range list {
-		if img.Layers[0] != list[0].Layers[0] || img.SharedSize < s.layerSize(diffKeys(t, onBase(t, "x"))[0]) {
+		if img.Layers[0] != list[0].Layers[0] || img.SharedSize < s.layerSize(storeKeys(t, onBase(t, "x"))[0]) {
 			t.Errorf("%s: layers %v shared %d", img.Name, img.Layers, img.SharedSize)
 		}
 	}
@@ -587,11 +598,11 @@ func TestMigrateV1(t *testing.T) {
 func TestPruneCounts(t *testing.T) {
 	s := openStore(t)
 	img := mkImage(t, nil, mkTar(t, tent{name: "f", data: strings.Repeat("f", 64<<10)}), mkTar(t, tent{name: "g", data: "g"}))
-	keys := diffKeys(t, img)
+	keys, diffs := storeKeys(t, img), diffKeys(t, img)
 	gone := make(chan struct{})
 	_, err := add(context.Background(), t, s, addRequest{Name: "x:1", Image: img,
 		Fetch: func(l v1.Layer) (io.ReadCloser, error) {
-			if d, _ := l.DiffID(); d.String() == keys[0] {
+			if d, _ := l.DiffID(); d.String() == diffs[0] {
 				return l.Uncompressed()
 			}
 			<-gone
@@ -698,5 +709,127 @@ func BenchmarkImportLayers(b *testing.B) {
 		if _, err := s.Import(context.Background(), dir, ""); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestSharedLayerOverDifferentLowers imports two images whose top layer X
+// is the same (one diffID) but whose layers below differ: X hard-links
+// etc/link to etc/target, which each image's middle layer has with other
+// content, and leaves etc implicit, which each middle layer has with
+// another mode. Each image must show its own lowers through X: a layer
+// stored by its diffID alone carried the first image's target (and etc's
+// mode) into the second, so that a session of the second image read the
+// first image's file.
+func TestSharedLayerOverDifferentLowers(t *testing.T) {
+	s := openStore(t)
+	x := mkTar(t, tent{name: "etc/link", typ: tar.TypeLink, linkname: "etc/target"})
+	middle := func(content string, mode int64) []byte {
+		return mkTar(t, tent{name: "etc", typ: tar.TypeDir, mode: mode}, tent{name: "etc/target", data: content})
+	}
+	evil := mustImport(t, s, layoutOf(t, "evil:1", sharedBase(t), middle("EVIL", 0o777), x), "")
+	good := mustImport(t, s, layoutOf(t, "good:1", sharedBase(t), middle("GOOD", 0o750), x), "")
+	if evil.Layers[0] != good.Layers[0] {
+		t.Errorf("the common base is stored twice: %s and %s", evil.Layers[0], good.Layers[0])
+	}
+	for _, c := range []struct {
+		img     Image
+		content string
+		mode    os.FileMode
+	}{{evil, "EVIL", 0o777}, {good, "GOOD", 0o750}} {
+		top := c.img.Layers[2]
+		assertFile(t, top, "etc/link", c.content)
+		if fi, err := os.Stat(filepath.Join(top, "etc")); err != nil || fi.Mode().Perm() != c.mode {
+			t.Errorf("%s: etc in its top layer %v (%v), want mode %v from its own middle layer", c.img.Name, fi.Mode(), err, c.mode)
+		}
+	}
+	if evil.Layers[2] == good.Layers[2] {
+		t.Errorf("both images stack one copy of X: %s", good.Layers[2])
+	}
+	assertClean(t, s)
+	assertNoUnusedLayers(t, s)
+}
+
+// TestDiffIDKeyedStoreUpgrade opens a store as an older tai42 left it,
+// its layers keyed by diffID, one of them X unpacked over another image's
+// lowers: its image keeps working, an image with X over other lowers gets
+// its own copy (the old one is never reused, even for a bottom layer of
+// the same digest), and the old layers go with the last image using them.
+func TestDiffIDKeyedStoreUpgrade(t *testing.T) {
+	s := openStore(t)
+	x := mkTar(t, tent{name: "etc/link", typ: tar.TypeLink, linkname: "etc/target"})
+	evilImg := mkImage(t, nil, sharedBase(t), mkTar(t, tent{name: "etc/target", data: "EVIL"}), x)
+	mustImport(t, s, mkLayout(t, named{"evil:1", evilImg}), "")
+	downgradeKeys(t, s, evilImg)
+
+	s, err := Open(s.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evil := getImage(t, s, "evil:1")
+	diffs := diffKeys(t, evilImg)
+	for i, l := range evil.Layers {
+		if want := s.layerFS(diffs[i]); l != want {
+			t.Errorf("the old image's layer %d is %s, want its diffID-keyed %s", i+1, l, want)
+		}
+	}
+	assertFile(t, evil.Layers[2], "etc/link", "EVIL")
+
+	good := mustImport(t, s, layoutOf(t, "good:1", sharedBase(t), mkTar(t, tent{name: "etc/target", data: "GOOD"}), x), "")
+	assertFile(t, good.Layers[2], "etc/link", "GOOD")
+	for i, l := range good.Layers {
+		if slices.Contains(evil.Layers, l) {
+			t.Errorf("the new image's layer %d reuses the old store's %s", i+1, l)
+		}
+	}
+	assertClean(t, s)
+	assertNoUnusedLayers(t, s)
+	if err := s.Remove("evil:1"); err != nil {
+		t.Fatal(err)
+	}
+	assertNoUnusedLayers(t, s)
+}
+
+// downgradeKeys rewrites the store as an older tai42 wrote it: img's
+// layers keyed by their diffIDs, in the index, the image version records
+// and the layers' directories and meta files.
+func downgradeKeys(t *testing.T, s *Store, img v1.Image) {
+	t.Helper()
+	keys, diffs := storeKeys(t, img), diffKeys(t, img)
+	for i, k := range keys {
+		if err := os.Rename(s.layerPath(k), s.layerPath(diffs[i])); err != nil {
+			t.Fatal(err)
+		}
+		m := layerMeta{DiffID: diffs[i], Size: s.layerSize(diffs[i])}
+		if err := writeJSON(filepath.Join(s.layerPath(diffs[i]), layerMetaFile), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := func(ks []string) []string {
+		out := slices.Clone(ks)
+		for i, k := range out {
+			if j := slices.Index(keys, k); j >= 0 {
+				out[i] = diffs[j]
+			}
+		}
+		return out
+	}
+	ix, err := s.readIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range ix.Images {
+		ix.Images[i].Layers = old(e.Layers)
+		dir := s.versionPath(e.Dir)
+		rec, err := s.readRecord(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec.Layers = old(rec.Layers)
+		if err := writeJSON(filepath.Join(dir, configFile), rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.writeIndex(ix); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -42,7 +42,8 @@ var ErrInUse = errors.New("image in use")
 //	index.json           the names (version 2): name -> image version, its
 //	                     layers and its config, replaced atomically
 //	layers/<key>/        one unpacked layer, shared by every image that has
-//	                     it: fs/ (the tree, in overlayfs's format) and
+//	                     it over the same layers below: fs/ (the tree, in
+//	                     overlayfs's format) and
 //	                     meta.json (see layerMeta); committed by a rename
 //	images/<alg>-<hex>-<r>/
 //	                     one image version per import or pull, named by the
@@ -55,10 +56,12 @@ var ErrInUse = errors.New("image in use")
 //	                     layers it is unpacking
 //	trash/               directories being removed
 //
-// A layer's key is its diffID ("sha256:<hex>", directory sha256-<hex>);
-// a layer migrated from a version-1 store, the flattened root filesystem
-// of one image, is keyed "v1:<its old directory>" (directory
-// v1-<alg>-<hex>-<r>), which no diffID can be.
+// A layer's key is its chain ID ("chain:<hex>", directory chain-<hex>;
+// see chainKeys): the layer and every layer below it. A store of an older
+// tai42 keyed layers by their diffIDs ("sha256:<hex>", directory
+// sha256-<hex>), which its images keep using; a layer migrated from a
+// version-1 store, the flattened root filesystem of one image, is keyed
+// "v1:<its old directory>" (directory v1-<alg>-<hex>-<r>).
 
 // DefaultMaxImageSize bounds the bytes an image's layers unpack to (the
 // apparent size of their files), unless the store is opened with another.
@@ -135,7 +138,7 @@ type indexEntry struct {
 	Name       string    `json:"name"`
 	ID         string    `json:"id"`
 	Dir        string    `json:"dir"`    // base name of the image version directory, under images/
-	Layers     []string  `json:"layers"` // layer keys (diffIDs), lowest first
+	Layers     []string  `json:"layers"` // layer keys (chain IDs), lowest first
 	Digest     string    `json:"digest,omitempty"`
 	Platform   string    `json:"platform,omitempty"`
 	Pulled     time.Time `json:"pulled"`
