@@ -24,7 +24,9 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/tai42/sandbox"
 )
 
 // sharedBase is a base layer several test images are built on: a 256 KiB
@@ -832,4 +834,50 @@ func downgradeKeys(t *testing.T, s *Store, img v1.Image) {
 	if err := s.writeIndex(ix); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestPullConfigLyingAboutDiffID pulls an image whose config lists, for
+// its one layer, the diffID of another layer: the pull is refused, nothing
+// is stored under the key the lie names, and the honest image with that
+// layer, pulled next, gets its own content, not the liar's. (The blob's
+// digest matches its manifest: only the diffID check against the
+// uncompressed stream sees the lie.)
+func TestPullConfigLyingAboutDiffID(t *testing.T) {
+	good := mkTar(t, tent{name: "etc/target", data: "GOOD"})
+	honest := mkImage(t, nil, good)
+	liar := mkImage(t, nil, mkTar(t, tent{name: "etc/target", data: "EVIL"}))
+	cf, err := liar.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.RootFS.DiffIDs[0] = mustDiffID(t, honest, 0)
+	if liar, err = mutate.ConfigFile(liar, cf); err != nil {
+		t.Fatal(err)
+	}
+	r := newTestRegistry(t, false, nil)
+	r.push(t, "liar:1", liar)
+	r.push(t, "honest:1", honest)
+	opts, _ := pullOpts(t, r.host)
+	s := openStore(t)
+
+	pe := pullErr(t, s, r.host+"/liar:1", opts, sandbox.PullInvalidImage, ErrInvalidImage)
+	if !strings.Contains(pe.Error(), "does not match its digest in the image config") {
+		t.Errorf("error %q does not say the layer does not match the config", pe)
+	}
+	if got := dirNames(t, filepath.Join(s.dir, layersDirName)); len(got) != 0 {
+		t.Fatalf("the refused pull stored layers %v (the lie names %s)", got, keyDir(storeKeys(t, honest)[0]))
+	}
+	img, _ := mustPull(t, s, r.host+"/honest:1", opts)
+	assertFile(t, img.Layers[0], "etc/target", "GOOD")
+	assertClean(t, s)
+}
+
+func mustDiffID(t testing.TB, img v1.Image, i int) v1.Hash {
+	t.Helper()
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cf.RootFS.DiffIDs[i]
 }
