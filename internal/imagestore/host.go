@@ -54,14 +54,16 @@ type Bind struct{ Source, Dest string }
 // Left out on purpose: shadow, gshadow and their backups, sudoers,
 // machine-id, ssh (host keys), ssl/private, subuid/subgid, hostname,
 // credentials-bearing configs (pip.conf, npmrc, gitconfig, wgetrc,
-// netrc...), and anything else not listed.
+// netrc...), environment (pam_env's variables for logins, often a proxy
+// URL with its password; a session's environment is the exec's, which
+// never reads it), and anything else not listed.
 var hostEtcFiles = []string{
 	"passwd", "group", "hosts", "nsswitch.conf", "resolv.conf", "gai.conf", "host.conf",
 	"protocols", "services", "rpc", "networks", "ethertypes",
 	"ld.so.cache", "ld.so.conf",
 	"localtime", "timezone",
 	"os-release", "lsb-release", "debian_version",
-	"profile", "bash.bashrc", "inputrc", "shells", "environment",
+	"profile", "bash.bashrc", "inputrc", "shells",
 	"locale.alias", "locale.conf", "default/locale",
 	"mime.types", "mailcap", "magic", "magic.mime",
 	"ssl/openssl.cnf",

@@ -244,6 +244,7 @@ func fakeHost(t *testing.T) string {
 	write("etc/ssl/certs/ca.pem", "CERT")
 	write("etc/ssl/openssl.cnf", "cnf")
 	write("etc/pip.conf", "index-url = https://user:token@example.invalid/")
+	write("etc/environment", "https_proxy=http://user:SECRET@proxy.invalid:3128\n")
 	write("etc/python3.11/sitecustomize.py", "")
 	write("etc/alternatives/README", "")
 	write("run/resolv/resolv.conf", "nameserver 127.0.0.53\n")
@@ -287,6 +288,9 @@ func TestBuildHostFake(t *testing.T) {
 	}
 	if fi, _ := os.Lstat(filepath.Join(h.Rootfs, "etc/resolv.conf")); fi.Mode()&fs.ModeSymlink != 0 {
 		t.Error("resolv.conf is a symlink to the host's /run")
+	}
+	if _, err := os.Lstat(filepath.Join(h.Rootfs, "etc/environment")); !os.IsNotExist(err) {
+		t.Errorf("etc/environment, where a host keeps its proxy's credentials, is in the skeleton: %v", err)
 	}
 	if _, err := os.Lstat(filepath.Join(h.Rootfs, "etc/fonts")); !os.IsNotExist(err) {
 		t.Errorf("etc/fonts, a symlink into /home: %v", err)
