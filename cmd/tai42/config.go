@@ -198,8 +198,9 @@ type fileConfig struct {
 		ReserveMB *int64 `toml:"reserve_mb"`
 	} `toml:"disk"`
 	Images struct {
-		Pull    *string    `toml:"pull"`
-		MaxSize *sizeValue `toml:"max_size"`
+		Pull      *string    `toml:"pull"`
+		MaxSize   *sizeValue `toml:"max_size"`
+		MaxInodes *int64     `toml:"max_inodes"`
 	} `toml:"images"`
 	Registry struct {
 		Mirrors  []string `toml:"mirrors"`
@@ -258,7 +259,7 @@ func loadConfigFile(path string) (map[string]string, error) {
 		for i, k := range und {
 			keys[i] = k.String()
 		}
-		return nil, fmt.Errorf("config file %s: unknown key(s) %s (known: listen, state_dir, provider, runtime, net_prefix, token_file, exec_default_timeout, reap_interval, log_level, log_format, [tls] cert and key, [policy] egress, isolation, durable and scrub_transcript, [limits] max_body_bytes, max_output_bytes, mcp_max_result_bytes and shutdown_grace, [egress] allow, deny, allow_domains and dns, [disk] mb, inodes and reserve_mb, [pool] shapes and refills, [images] pull and max_size, [registry] mirrors and insecure, [kubernetes] kubeconfig, namespace, agent_image, pod_user, runtime_class, image_pull_secrets, storage_class, create_timeout, network_probe_image, trust_network_policy and workspace_size)",
+		return nil, fmt.Errorf("config file %s: unknown key(s) %s (known: listen, state_dir, provider, runtime, net_prefix, token_file, exec_default_timeout, reap_interval, log_level, log_format, [tls] cert and key, [policy] egress, isolation, durable and scrub_transcript, [limits] max_body_bytes, max_output_bytes, mcp_max_result_bytes and shutdown_grace, [egress] allow, deny, allow_domains and dns, [disk] mb, inodes and reserve_mb, [pool] shapes and refills, [images] pull, max_size and max_inodes, [registry] mirrors and insecure, [kubernetes] kubeconfig, namespace, agent_image, pod_user, runtime_class, image_pull_secrets, storage_class, create_timeout, network_probe_image, trust_network_policy and workspace_size)",
 			path, strings.Join(keys, ", "))
 	}
 	out := map[string]string{}
@@ -319,6 +320,7 @@ func loadConfigFile(path string) (map[string]string, error) {
 		"limits.mcp_max_result_bytes": fc.Limits.MCPMaxResultBytes,
 		"disk.mb":                     fc.Disk.MB,
 		"disk.inodes":                 fc.Disk.Inodes,
+		"images.max_inodes":           fc.Images.MaxInodes,
 		"disk.reserve_mb":             fc.Disk.ReserveMB,
 		"pool.refills":                fc.Pool.Refills,
 	} {

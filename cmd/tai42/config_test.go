@@ -61,7 +61,7 @@ func TestExampleConfigLoads(t *testing.T) {
 		logLevel: slog.LevelInfo, logFormat: "json",
 		disk:        diskConfig{mb: 10240, reserveMB: 1024, resolved: true},
 		poolRefills: 1,
-		images:      imageConfig{pull: container.PullMissing, maxSize: 20 << 30},
+		images:      imageConfig{pull: container.PullMissing, maxSize: 20 << 30, maxInodes: 1 << 20},
 	}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("example config:\n %+v\nwant\n %+v", cfg, want)
@@ -118,6 +118,7 @@ func TestConfigErrors(t *testing.T) {
 		"bad size":          {env: map[string]string{"TAI42_MAX_IMAGE_SIZE": "big"}, msg: []string{"--max-image-size", "big"}},
 		"zero size":         {file: "[images]\nmax_size = 0\n", msg: []string{"--max-image-size", "> 0"}},
 		"bool size":         {file: "[images]\nmax_size = true\n", msg: []string{"max_size"}},
+		"zero inodes":       {file: "[images]\nmax_inodes = 0\n", msg: []string{"--max-image-inodes", "> 0"}},
 		"bad mirror":        {file: "[registry]\nmirrors = [\"ftp://m.test\"]\n", msg: []string{"--registry-mirror", "ftp://m.test", "http or https"}},
 		"mirror password":   {args: []string{"--registry-mirror", "https://u:secret@m.test"}, msg: []string{"--registry-mirror", "docker config"}},
 		"bad insecure":      {env: map[string]string{"TAI42_INSECURE_REGISTRY": "h.test/path"}, msg: []string{"--insecure-registry", "h.test/path"}},
@@ -348,27 +349,27 @@ reserve_mb = 64
 // resolve flag > variable > config file > default, and reach the container
 // provider's options.
 func TestImageSettings(t *testing.T) {
-	file := writeConfig(t, "[images]\npull = \"never\"\nmax_size = \"1GiB\"\n[registry]\nmirrors = [\"mirror.test:5000\", \"https://m2.test/v2\"]\ninsecure = [\"127.0.0.1:5000\"]\n")
+	file := writeConfig(t, "[images]\npull = \"never\"\nmax_size = \"1GiB\"\nmax_inodes = 5000\n[registry]\nmirrors = [\"mirror.test:5000\", \"https://m2.test/v2\"]\ninsecure = [\"127.0.0.1:5000\"]\n")
 	intFile := writeConfig(t, "[images]\nmax_size = 1048576\n")
 	for name, tc := range map[string]struct {
 		env  map[string]string
 		args []string
 		want imageConfig
 	}{
-		"defaults": {want: imageConfig{pull: container.PullMissing, maxSize: 20 << 30}},
-		"file": {env: map[string]string{configEnv: file}, want: imageConfig{pull: container.PullNever, maxSize: 1 << 30,
+		"defaults": {want: imageConfig{pull: container.PullMissing, maxSize: 20 << 30, maxInodes: 1 << 20}},
+		"file": {env: map[string]string{configEnv: file}, want: imageConfig{pull: container.PullNever, maxSize: 1 << 30, maxInodes: 5000,
 			registry: imagestore.RegistryOptions{Mirrors: []string{"mirror.test:5000", "https://m2.test/v2"}, Insecure: []string{"127.0.0.1:5000"}},
-			given:    []string{"--pull", "--max-image-size", "--registry-mirror", "--insecure-registry"}}},
-		"bytes in the file": {env: map[string]string{configEnv: intFile}, want: imageConfig{pull: container.PullMissing, maxSize: 1 << 20, given: []string{"--max-image-size"}}},
-		"env over file": {env: map[string]string{configEnv: file, "TAI42_PULL": "always", "TAI42_INSECURE_REGISTRY": "a.test,b.test:443"},
-			want: imageConfig{pull: container.PullAlways, maxSize: 1 << 30,
+			given:    []string{"--pull", "--max-image-size", "--max-image-inodes", "--registry-mirror", "--insecure-registry"}}},
+		"bytes in the file": {env: map[string]string{configEnv: intFile}, want: imageConfig{pull: container.PullMissing, maxSize: 1 << 20, maxInodes: 1 << 20, given: []string{"--max-image-size"}}},
+		"env over file": {env: map[string]string{configEnv: file, "TAI42_PULL": "always", "TAI42_INSECURE_REGISTRY": "a.test,b.test:443", "TAI42_MAX_IMAGE_INODES": "7000"},
+			want: imageConfig{pull: container.PullAlways, maxSize: 1 << 30, maxInodes: 7000,
 				registry: imagestore.RegistryOptions{Mirrors: []string{"mirror.test:5000", "https://m2.test/v2"}, Insecure: []string{"a.test", "b.test:443"}},
-				given:    []string{"--pull", "--max-image-size", "--registry-mirror", "--insecure-registry"}}},
+				given:    []string{"--pull", "--max-image-size", "--max-image-inodes", "--registry-mirror", "--insecure-registry"}}},
 		"flag over env": {env: map[string]string{configEnv: file, "TAI42_PULL": "always", "TAI42_MAX_IMAGE_SIZE": "2GB"},
-			args: []string{"--pull", "missing", "--registry-mirror", "m3.test", "--registry-mirror", "m4.test", "--max-image-size", "500MB"},
-			want: imageConfig{pull: container.PullMissing, maxSize: 500_000_000,
+			args: []string{"--pull", "missing", "--registry-mirror", "m3.test", "--registry-mirror", "m4.test", "--max-image-size", "500MB", "--max-image-inodes", "9000"},
+			want: imageConfig{pull: container.PullMissing, maxSize: 500_000_000, maxInodes: 9000,
 				registry: imagestore.RegistryOptions{Mirrors: []string{"m3.test", "m4.test"}, Insecure: []string{"127.0.0.1:5000"}},
-				given:    []string{"--pull", "--max-image-size", "--registry-mirror", "--insecure-registry"}}},
+				given:    []string{"--pull", "--max-image-size", "--max-image-inodes", "--registry-mirror", "--insecure-registry"}}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			env := map[string]string{stateDirEnv: "/state"}
@@ -384,8 +385,8 @@ func TestImageSettings(t *testing.T) {
 				t.Errorf("serve: %+v, want %+v", cfg.images, tc.want)
 			}
 			opts := providerConfig{images: cfg.images}.containerOptions(nil)
-			if opts.Pull != tc.want.pull || opts.MaxImageSize != tc.want.maxSize || !reflect.DeepEqual(opts.Registry, tc.want.registry) {
-				t.Errorf("container.Options: Pull %q, MaxImageSize %d, Registry %+v; want %+v", opts.Pull, opts.MaxImageSize, opts.Registry, tc.want)
+			if opts.Pull != tc.want.pull || opts.MaxImageSize != tc.want.maxSize || opts.MaxImageInodes != tc.want.maxInodes || !reflect.DeepEqual(opts.Registry, tc.want.registry) {
+				t.Errorf("container.Options: Pull %q, MaxImageSize %d, MaxImageInodes %d, Registry %+v; want %+v", opts.Pull, opts.MaxImageSize, opts.MaxImageInodes, opts.Registry, tc.want)
 			}
 			// run and image pull: $TAI42_CONFIG.
 			var f imageFlags

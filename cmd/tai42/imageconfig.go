@@ -21,6 +21,8 @@ type imageFlags struct {
 	mirrors  []string
 	insecure []string
 	maxSize  string
+	// maxInodes is --max-image-inodes; 0 is refused, as a size of 0 is.
+	maxInodes int64
 }
 
 // defaultMaxImageSize is --max-image-size's default, as the flag prints it.
@@ -30,6 +32,7 @@ var defaultMaxImageSize = strings.ReplaceAll(humanize.IBytes(uint64(imagestore.D
 var imageSettings = []setting{
 	{"pull", "TAI42_PULL", "images.pull"},
 	{"max-image-size", "TAI42_MAX_IMAGE_SIZE", "images.max_size"},
+	{"max-image-inodes", "TAI42_MAX_IMAGE_INODES", "images.max_inodes"},
 	{"registry-mirror", "TAI42_REGISTRY_MIRROR", "registry.mirrors"},
 	{"insecure-registry", "TAI42_INSECURE_REGISTRY", "registry.insecure"},
 }
@@ -43,15 +46,17 @@ func addRegistryFlags(fl *pflag.FlagSet, f *imageFlags) {
 // addImageFlags registers the image flags of serve and run.
 func addImageFlags(fl *pflag.FlagSet, f *imageFlags) {
 	fl.StringVar(&f.pull, "pull", string(container.PullMissing), "when a create pulls its image from its registry: missing (when the store lacks it), always (every create; layers held are not fetched again) or never (an image the store lacks is rejected)")
-	fl.StringVar(&f.maxSize, "max-image-size", defaultMaxImageSize, "the most one image's layers may unpack to, a `SIZE` such as 20GiB, 500MB or bytes")
+	fl.StringVar(&f.maxSize, "max-image-size", defaultMaxImageSize, "the most one image's layers may take in the image store (every file, directory and symlink at least a 4 KiB block), a `SIZE` such as 20GiB, 500MB or bytes")
+	fl.Int64Var(&f.maxInodes, "max-image-inodes", imagestore.DefaultMaxImageInodes, "the most inodes (files, directories, symlinks) one image's layers may take in the image store")
 	addRegistryFlags(fl, f)
 }
 
 // imageConfig is the resolved image settings of the container provider.
 type imageConfig struct {
-	pull     container.PullPolicy
-	registry imagestore.RegistryOptions // its Mirrors and Insecure
-	maxSize  int64                      // bytes; 0 for the provider's default
+	pull      container.PullPolicy
+	registry  imagestore.RegistryOptions // its Mirrors and Insecure
+	maxSize   int64                      // bytes; 0 for the provider's default
+	maxInodes int64                      // 0 for the provider's default
 	// given lists the settings given (flag, variable or file) rather than
 	// defaulted, as their flags' names, for the host runner's warning.
 	given []string
@@ -74,6 +79,10 @@ func (f *imageFlags) validate() (imageConfig, error) {
 		}
 		cfg.maxSize = int64(n)
 	}
+	if f.maxInodes <= 0 {
+		return imageConfig{}, fmt.Errorf("--max-image-inodes %d: want a count > 0", f.maxInodes)
+	}
+	cfg.maxInodes = f.maxInodes
 	reg, err := registryOptions(f.mirrors, f.insecure)
 	if err != nil {
 		return imageConfig{}, err

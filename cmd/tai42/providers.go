@@ -141,6 +141,7 @@ func (c providerConfig) containerOptions(l kit.Ledger) container.Options {
 		Pull:               c.images.pull,
 		Registry:           c.images.registry,
 		MaxImageSize:       c.images.maxSize,
+		MaxImageInodes:     c.images.maxInodes,
 	}
 }
 

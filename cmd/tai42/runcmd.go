@@ -38,10 +38,11 @@ runs it.
 On the container provider, an --image the store lacks is pulled from its
 registry first (--pull missing, the default; see "tai42 image pull"); a
 failed pull is a rejected spec naming the reference and what the registry
-said. --pull, --registry-mirror, --insecure-registry and --max-image-size
-are also $TAI42_PULL, $TAI42_REGISTRY_MIRROR, $TAI42_INSECURE_REGISTRY and
-$TAI42_MAX_IMAGE_SIZE, and keys of the config file $TAI42_CONFIG names, as
-for "tai42 serve"; the host provider pulls nothing (they have no effect).
+said. --pull, --registry-mirror, --insecure-registry, --max-image-size and
+--max-image-inodes are also $TAI42_PULL, $TAI42_REGISTRY_MIRROR,
+$TAI42_INSECURE_REGISTRY, $TAI42_MAX_IMAGE_SIZE and $TAI42_MAX_IMAGE_INODES,
+and keys of the config file $TAI42_CONFIG names, as for "tai42 serve";
+the host provider pulls nothing (they have no effect).
 
 On the kubernetes provider (--provider kubernetes) the session is a Pod
 of the cluster --kubeconfig (else $KUBECONFIG, else the in-cluster
@@ -133,7 +134,7 @@ func addSessionFlags(fl *pflag.FlagSet, f *runFlags) {
 // embeddedOnlyFlags are the flags of "tai42 run" that shape the embedded
 // provider, not a session: a daemon has its own.
 var embeddedOnlyFlags = append([]string{"policy-egress", "policy-isolation", "policy-durable", "provider", "state-dir",
-	"pull", "registry-mirror", "insecure-registry", "max-image-size"}, kubeFlagNames()...)
+	"pull", "registry-mirror", "insecure-registry", "max-image-size", "max-image-inodes"}, kubeFlagNames()...)
 
 // runRemote returns the daemon "tai42 run" uses, or nil for the embedded
 // provider. Given a daemon, a flag of embeddedOnlyFlags is a usage error:

@@ -70,6 +70,7 @@ the file are relative to its directory. Unknown keys are an error.
   --shutdown-grace           TAI42_SHUTDOWN_GRACE           [limits] shutdown_grace
   --pull                     TAI42_PULL                     [images] pull
   --max-image-size           TAI42_MAX_IMAGE_SIZE           [images] max_size
+  --max-image-inodes         TAI42_MAX_IMAGE_INODES         [images] max_inodes
   --registry-mirror          TAI42_REGISTRY_MIRROR          [registry] mirrors
   --insecure-registry        TAI42_INSECURE_REGISTRY        [registry] insecure
   --kubeconfig               TAI42_KUBECONFIG               [kubernetes] kubeconfig

@@ -10,6 +10,7 @@ import (
 	"io"
 	"io/fs"
 	"maps"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -23,8 +24,14 @@ import (
 )
 
 // ErrTooLarge is matched (errors.Is) by the error of an image whose
-// layers unpack to more than the store's maximum image size.
+// layers unpack to more than the store's maximum image size, or to more
+// inodes than its maximum inode count (then ErrTooManyInodes too).
 var ErrTooLarge = errors.New("image too large")
+
+// ErrTooManyInodes is matched (errors.Is), beside ErrTooLarge, by the
+// error of an image whose layers unpack to more inodes than the store's
+// maximum image inode count.
+var ErrTooManyInodes = errors.New("too many inodes")
 
 // ErrDiskFull is matched (errors.Is) by the error of an unpacking that ran
 // out of disk space; the error matches syscall.ENOSPC (or EDQUOT) too.
@@ -85,19 +92,32 @@ func extractTar(ctx context.Context, r io.Reader, dest string, opts extractOptio
 // layerOptions choose what extractLayer keeps and how much it may write.
 type layerOptions struct {
 	keepOwners bool    // chown entries to the tar's uid/gid (needs root)
-	budget     *budget // charged the apparent size of every file; nil: no limit
+	budget     *budget // charged every entry (see budget); nil: no limit
 }
 
-// budget bounds the bytes the layers of one image unpack to: the
-// apparent size of their files, a sparse file's holes included (what a
-// copy of the file out of the sandbox would take). The concurrent layers
-// of an image share one.
+// budget bounds what the layers of one image take in the store: bytes
+// and inodes. Every entry costs a filesystem block (its inode, or a hard
+// link's name), whatever its data: a layer of empty directories, long
+// symlinks or extended attributes takes disk space and inodes without a
+// byte of file data. A file costs its apparent size besides, rounded up
+// to whole blocks, a sparse file's holes included (what a copy of the
+// file out of the sandbox would take); a symlink its target's length;
+// extended attributes their names' and values' lengths. The concurrent
+// layers of an image share one.
 type budget struct {
-	limit int64
-	used  atomic.Int64
+	limit      int64 // bytes; <= 0 is no limit
+	inodeLimit int64 // inodes; <= 0 is no limit
+	used       atomic.Int64
+	inodes     atomic.Int64
 }
 
-// newBudget is a budget of limit bytes; limit <= 0 is no limit.
+// blockCost is what budget charges an entry for its inode or name: a
+// filesystem block, the least a directory or a symlink whose target does
+// not fit in its inode takes.
+const blockCost = 4096
+
+// newBudget is a budget of limit bytes and no inode limit; limit <= 0 is
+// no limit.
 func newBudget(limit int64) *budget { return &budget{limit: limit} }
 
 // charge counts n more bytes, failing (ErrTooLarge) past the limit.
@@ -105,11 +125,38 @@ func (b *budget) charge(n int64) error {
 	if b == nil || b.limit <= 0 {
 		return nil
 	}
-	// n alone is checked first so that a hostile size cannot overflow used.
+	// n alone is checked first so that a hostile size cannot overflow used;
+	// a refused charge is taken back, so it fails no later one of the
+	// image's other layers that fits.
 	if n > b.limit || b.used.Add(n) > b.limit {
-		return fmt.Errorf("%w: its layers unpack to more than %s, the store's maximum image size (raise it with tai42 serve --max-image-size)", ErrTooLarge, sizeString(b.limit))
+		if n <= b.limit {
+			b.used.Add(-n)
+		}
+		return fmt.Errorf("%w: its layers take more than %s in the store (files, directories, symlinks and extended attributes, each at least a %d-byte block), the store's maximum image size (raise it with tai42 serve --max-image-size)", ErrTooLarge, sizeString(b.limit), blockCost)
 	}
 	return nil
+}
+
+// chargeEntry counts a new entry: an inode, unless it is a hard link
+// (a name of an inode counted already), and its block.
+func (b *budget) chargeEntry(inode bool) error {
+	if b == nil {
+		return nil
+	}
+	if inode && b.inodeLimit > 0 && b.inodes.Add(1) > b.inodeLimit {
+		b.inodes.Add(-1)
+		return fmt.Errorf("%w: %w: its layers hold more than %d inodes (files, directories, symlinks), the store's maximum image inode count (raise it with tai42 serve --max-image-inodes)", ErrTooLarge, ErrTooManyInodes, b.inodeLimit)
+	}
+	return b.charge(blockCost)
+}
+
+// roundBlocks is n (>= 0) rounded up to whole blocks; a size too large
+// to round is past any limit as it is.
+func roundBlocks(n int64) int64 {
+	if n > math.MaxInt64-blockCost {
+		return n
+	}
+	return (n + blockCost - 1) / blockCost * blockCost
 }
 
 // sizeString is n bytes for a person: "20 GiB", "1.5 MiB", "512 bytes".
@@ -287,8 +334,14 @@ func linkFromLowersInto(dest string, lowers []string, links []crossLink) error {
 		defer lr.Close()
 		layers = append(layers, lr)
 	}
+	// The copies are charged to the image's budget, as the links' own
+	// entries were.
+	var b *budget
+	if i := slices.IndexFunc(links, func(c crossLink) bool { return c.budget != nil }); i >= 0 {
+		b = links[i].budget
+	}
 	l := &linker{
-		x:       newExtractor(root, extractOptions{keepOwners: os.Geteuid() == 0, keepLinks: true}, &layerState{implicit: map[string]bool{}}),
+		x:       newExtractor(root, extractOptions{keepOwners: os.Geteuid() == 0, keepLinks: true}, &layerState{budget: b, implicit: map[string]bool{}}),
 		layers:  layers,
 		pending: map[string]crossLink{},
 		state:   map[string]linkState{},
@@ -422,6 +475,9 @@ func (l *linker) make(c crossLink) error {
 		return err
 	}
 	if i == 0 {
+		if err := x.charge(c.name, false, 0); err != nil {
+			return err
+		}
 		return entryErr(c.name, x.root.Link(c.target, c.name))
 	}
 	return x.copyFrom(l.layers[i], c, fi)
@@ -541,7 +597,6 @@ func (x *extractor) copyFrom(src *os.Root, c crossLink, fi fs.FileInfo) error {
 		return entryErr(c.name, err)
 	}
 	hdr.Typeflag = tar.TypeReg
-	x.layer.budget = c.budget
 	return x.file(c.name, hdr, f)
 }
 
@@ -625,6 +680,16 @@ func (x *extractor) setXattrs(name string, fd int, hdr *tar.Header) error {
 		}
 	}
 	slices.Sort(keys)
+	var size int64
+	for _, k := range keys {
+		size += int64(len(k) - len(paxXattrPrefix) + len(hdr.PAXRecords[k]))
+	}
+	if x.layer != nil {
+		// Their inode's block is counted already.
+		if err := x.layer.budget.charge(size); err != nil {
+			return entryErr(name, err)
+		}
+	}
 	for _, k := range keys {
 		err := unix.Fsetxattr(fd, strings.TrimPrefix(k, paxXattrPrefix), []byte(hdr.PAXRecords[k]), 0)
 		if errors.Is(err, unix.ENOTSUP) {
@@ -825,6 +890,9 @@ func (x *extractor) whiteout(name string) error {
 	case ok:
 		return nil // this layer's entry hides the lower one already
 	}
+	if err := x.charge(name, true, 0); err != nil {
+		return err
+	}
 	d, err := x.root.Open(dir)
 	if err != nil {
 		return entryErr(name, err)
@@ -913,6 +981,21 @@ func (x *extractor) claim(name string, dir bool) (slot, error) {
 	return slotFree, nil
 }
 
+// charge counts a new entry of a layer (see budget): an inode (but for a
+// hard link), a block, and extra bytes. extractTar's flattened stream
+// has no budget.
+func (x *extractor) charge(name string, inode bool, extra int64) error {
+	if x.layer == nil || x.layer.budget == nil {
+		return nil
+	}
+	b := x.layer.budget
+	err := b.chargeEntry(inode)
+	if err == nil {
+		err = b.charge(extra)
+	}
+	return entryErr(name, err)
+}
+
 // entryErr names the entry an I/O error (or an os.Root refusal) is about.
 func entryErr(name string, err error) error {
 	if err == nil {
@@ -951,6 +1034,9 @@ func (x *extractor) walkParents(name string, create bool) error {
 		case !ok && !create:
 			return fmt.Errorf("%w: %q: its parent %q does not exist", errLinkTargetMissing, name, p)
 		case !ok:
+			if err := x.charge(p, true, 0); err != nil {
+				return err
+			}
 			if err := x.root.Mkdir(p, 0o755); err != nil {
 				return entryErr(name, err)
 			}
@@ -983,6 +1069,9 @@ func (x *extractor) dir(name string, hdr *tar.Header) error {
 	case s == slotSkip:
 		return nil // an upper layer's non-directory wins
 	case s == slotFree:
+		if err := x.charge(name, true, 0); err != nil {
+			return err
+		}
 		if err := x.root.Mkdir(name, 0o700); err != nil {
 			return entryErr(name, err)
 		}
@@ -1021,10 +1110,8 @@ func (x *extractor) file(name string, hdr *tar.Header, r io.Reader) error {
 	if s, err := x.claim(name, false); err != nil || s != slotFree {
 		return err // exists: an upper layer's entry wins
 	}
-	if x.layer != nil {
-		if err := x.layer.budget.charge(hdr.Size); err != nil {
-			return fmt.Errorf("archive entry %q (%s): %w", name, sizeString(hdr.Size), err)
-		}
+	if err := x.charge(name, true, roundBlocks(hdr.Size)); err != nil {
+		return fmt.Errorf("%w (a file of %s)", err, sizeString(hdr.Size))
 	}
 	// O_EXCL: never opens an existing file, or through a final symlink.
 	dir, base, err := x.at(name)
@@ -1116,6 +1203,9 @@ func (x *extractor) symlink(name string, hdr *tar.Header) error {
 	if s, err := x.claim(name, false); err != nil || s != slotFree {
 		return err
 	}
+	if err := x.charge(name, true, int64(len(hdr.Linkname))); err != nil {
+		return err
+	}
 	if err := x.root.Symlink(hdr.Linkname, name); err != nil {
 		return entryErr(name, err)
 	}
@@ -1165,6 +1255,9 @@ func (x *extractor) hardlink(hdr *tar.Header) error {
 		return hostile(name, "hard link to %q, which this layer deletes", hdr.Linkname)
 	case !fi.Mode().IsRegular() && fi.Mode()&fs.ModeSymlink == 0:
 		return hostile(name, "hard link to %q, which is not a file", hdr.Linkname)
+	}
+	if err := x.charge(name, false, 0); err != nil {
+		return err
 	}
 	if err := x.root.Link(target, name); err != nil {
 		return entryErr(name, err)

@@ -240,7 +240,8 @@ type layerJob struct {
 // concurrently; each one unpacks while it downloads. A layer with hard
 // links to lower layers waits for them to be committed to resolve them.
 func (s *Store) unpackLayers(ctx context.Context, st *stage, req addRequest, layers []v1.Layer, diffIDs []v1.Hash, keys []string) error {
-	u := &unpacker{s: s, st: st, req: req, budget: newBudget(s.maxSize), sem: make(chan struct{}, maxConcurrentLayers)}
+	b := &budget{limit: s.maxSize, inodeLimit: s.maxInodes}
+	u := &unpacker{s: s, st: st, req: req, budget: b, sem: make(chan struct{}, maxConcurrentLayers)}
 	g, gctx := errgroup.WithContext(ctx)
 	jobs := make([]*layerJob, len(layers))
 	for i, l := range layers {

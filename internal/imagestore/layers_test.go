@@ -881,3 +881,67 @@ func mustDiffID(t testing.TB, img v1.Image, i int) v1.Hash {
 	}
 	return cf.RootFS.DiffIDs[i]
 }
+
+// TestImageCapsCountEveryInode imports layers that hold little or no
+// file data but many directories, long symlinks or extended attributes:
+// each is refused against a small cap, by the cap it exceeds (bytes or
+// inodes), as the disk space and inodes they take are counted, not only
+// the bytes of their regular files.
+func TestImageCapsCountEveryInode(t *testing.T) {
+	long := strings.Repeat("t", 3000)
+	for _, c := range []struct {
+		name   string
+		opts   []Option
+		layer  func(tw *tar.Writer, i int) error
+		n      int
+		inodes bool // the inode cap is hit, not the size cap
+	}{
+		{"directories", []Option{WithMaxImageSize(1 << 20)}, func(tw *tar.Writer, i int) error {
+			return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: fmt.Sprintf("d%04d/", i), Mode: 0o755})
+		}, 400, false},
+		{"symlinks", []Option{WithMaxImageSize(1 << 20)}, func(tw *tar.Writer, i int) error {
+			return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: fmt.Sprintf("l%04d", i), Linkname: long, Mode: 0o777})
+		}, 200, false},
+		// 160 empty files are 640 KiB of inodes, under the cap without
+		// their 3000-byte xattrs.
+		{"xattrs", []Option{WithMaxImageSize(1 << 20)}, func(tw *tar.Writer, i int) error {
+			return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("f%04d", i), Mode: 0o644, Format: tar.FormatPAX,
+				PAXRecords: map[string]string{paxXattrPrefix + "user.x": long}})
+		}, 160, false},
+		{"inodes", []Option{WithMaxImageInodes(100)}, func(tw *tar.Writer, i int) error {
+			return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("e%04d", i), Mode: 0o644})
+		}, 150, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := Open(filepath.Join(t.TempDir(), "images"), c.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var buf bytes.Buffer
+			tw := tar.NewWriter(&buf)
+			for i := range c.n {
+				if err := c.layer(tw, i); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := tw.Close(); err != nil {
+				t.Fatal(err)
+			}
+			_, err = s.Import(context.Background(), layoutOf(t, "many:1", buf.Bytes()), "")
+			if !errors.Is(err, ErrTooLarge) || errors.Is(err, ErrTooManyInodes) != c.inodes {
+				t.Fatalf("import of %d %s: %v; want ErrTooLarge, ErrTooManyInodes %v", c.n, c.name, err, c.inodes)
+			}
+			flag := "--max-image-size"
+			if c.inodes {
+				flag = "--max-image-inodes"
+			}
+			if !strings.Contains(err.Error(), flag) {
+				t.Errorf("error %q does not name %s", err, flag)
+			}
+			if got := dirNames(t, filepath.Join(s.dir, layersDirName)); len(got) != 0 {
+				t.Errorf("layers %v", got)
+			}
+			assertClean(t, s)
+		})
+	}
+}

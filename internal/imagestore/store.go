@@ -63,9 +63,15 @@ var ErrInUse = errors.New("image in use")
 // version-1 store, the flattened root filesystem of one image, is keyed
 // "v1:<its old directory>" (directory v1-<alg>-<hex>-<r>).
 
-// DefaultMaxImageSize bounds the bytes an image's layers unpack to (the
-// apparent size of their files), unless the store is opened with another.
+// DefaultMaxImageSize bounds the bytes an image's layers take in the
+// store (see WithMaxImageSize), unless the store is opened with another.
 const DefaultMaxImageSize int64 = 20 << 30
+
+// DefaultMaxImageInodes bounds the inodes an image's layers take in the
+// store, unless the store is opened with another: more than the largest
+// images hold (a full TeX Live has about 200,000 files), and a small part
+// of a state filesystem's inodes.
+const DefaultMaxImageInodes int64 = 1 << 20
 
 const (
 	storeLockFile = "lock"
@@ -115,20 +121,37 @@ type Image struct {
 // too, while any process has acquired it (a shared flock(2) on a file of
 // its directory), even after its name was removed or replaced.
 type Store struct {
-	dir     string // absolute
-	maxSize int64  // the budget of each image's unpacked files
+	dir       string // absolute
+	maxSize   int64  // the byte budget of each image's layers
+	maxInodes int64  // the inode budget of each image's layers
 }
 
 // Option is an option of Open.
 type Option func(*Store)
 
-// WithMaxImageSize bounds the bytes each image's layers unpack to (the
-// apparent size of their files); an import or pull beyond it fails with
-// an error matching ErrTooLarge. n <= 0 is DefaultMaxImageSize.
+// WithMaxImageSize bounds the bytes each image's layers take in the
+// store: every file, directory, symlink, whiteout and hard link a block
+// (4 KiB), a file its apparent size besides (holes included), a symlink
+// its target's length, extended attributes their lengths. An import or
+// pull beyond it fails with an error matching ErrTooLarge. n <= 0 is
+// DefaultMaxImageSize.
 func WithMaxImageSize(n int64) Option {
 	return func(s *Store) {
 		if n > 0 {
 			s.maxSize = n
+		}
+	}
+}
+
+// WithMaxImageInodes bounds the inodes each image's layers take in the
+// store (files, directories, symlinks, whiteouts; the copies of hard
+// links across layers too); an import or pull beyond it fails with an
+// error matching ErrTooLarge and ErrTooManyInodes. n <= 0 is
+// DefaultMaxImageInodes.
+func WithMaxImageInodes(n int64) Option {
+	return func(s *Store) {
+		if n > 0 {
+			s.maxInodes = n
 		}
 	}
 }
@@ -182,7 +205,7 @@ func Open(dir string, opts ...Option) (*Store, error) {
 			return nil, fmt.Errorf("image store: %w", err)
 		}
 	}
-	s := &Store{dir: abs, maxSize: DefaultMaxImageSize}
+	s := &Store{dir: abs, maxSize: DefaultMaxImageSize, maxInodes: DefaultMaxImageInodes}
 	for _, o := range opts {
 		o(s)
 	}

@@ -216,9 +216,13 @@ type Options struct {
 	// Registry is how pulls reach registries (mirrors, insecure hosts,
 	// credentials, the stall timeout).
 	Registry imagestore.RegistryOptions
-	// MaxImageSize bounds the bytes one image's layers unpack to; 0 means
+	// MaxImageSize bounds the bytes one image's layers take in the store
+	// (see imagestore.WithMaxImageSize); 0 means
 	// imagestore.DefaultMaxImageSize.
 	MaxImageSize int64
+	// MaxImageInodes bounds the inodes one image's layers take in the
+	// store; 0 means imagestore.DefaultMaxImageInodes.
+	MaxImageInodes int64
 	// Network, when set, is a network manager the provider uses instead
 	// of making (and at Close tearing down) its own; NetPrefix and the
 	// subnets are then unused. Providers in one process share one this
@@ -452,7 +456,7 @@ func newProvider(opts Options) (_ *provider, err error) {
 	if images == "" {
 		images = filepath.Join(state, "images")
 	}
-	if p.images, err = imagestore.Open(images, imagestore.WithMaxImageSize(opts.MaxImageSize)); err != nil {
+	if p.images, err = imagestore.Open(images, imagestore.WithMaxImageSize(opts.MaxImageSize), imagestore.WithMaxImageInodes(opts.MaxImageInodes)); err != nil {
 		return nil, fmt.Errorf("container: image store: %w", err)
 	}
 	if p.host, err = imagestore.BuildHost(filepath.Join(root, "hostimage")); err != nil {
