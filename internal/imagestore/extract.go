@@ -230,9 +230,11 @@ const (
 //   - A hard link to a name this layer lacks is returned as a crossLink,
 //     and so is a directory the tar does not list: its attributes are
 //     those of the layers below.
-//   - Every file's apparent size is charged to opts.budget before it is
-//     written (ErrTooLarge), and runs of zero blocks are left as holes,
-//     so a 10 GiB sparse file costs no disk.
+//   - Every entry is charged to opts.budget before it is written (see
+//     budget: a block and an inode each, a file's apparent size, a
+//     symlink's target, xattrs; ErrTooLarge, ErrTooManyInodes), and runs
+//     of zero blocks are left as holes, so a 10 GiB sparse file costs no
+//     disk.
 //   - Running out of disk space is an error matching ErrDiskFull.
 //   - On an error, what was unpacked into dest is removed.
 //
