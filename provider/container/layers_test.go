@@ -504,3 +504,68 @@ func TestLeakLayered(t *testing.T) {
 		checkNoLeaks(t, p, slices.DeleteFunc(ids, func(id string) bool { return id == "" }), base, true)
 	})
 }
+
+// TestSharedLayerOverDifferentLowers: two images share their top layer X,
+// which hard-links /etc/link to /etc/target, over middle layers with other
+// targets; a session of the image imported second reads its own target
+// through the link, not the first image's (the store once keyed X by its
+// diffID alone, its copy of the target made over the first image's
+// lowers).
+func TestSharedLayerOverDifferentLowers(t *testing.T) {
+	containertest.Require(t)
+	p := newProvider(t, runtimes[0])
+	dir := p.opts.Images
+	if dir == "" {
+		dir = filepath.Join(p.opts.StateDir, "images")
+	}
+	store, err := imagestore.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := imagestoretest.BusyboxImage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := hardLinkLayer(t, "etc/link", "etc/target")
+	for _, content := range []string{"EVIL", "GOOD"} {
+		img, err := mutate.AppendLayers(base, ociLayer(t, []handFile{{path: "etc/target", content: content}}), x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		oci := filepath.Join(t.TempDir(), "layout")
+		lp, err := layout.Write(oci, empty.Index)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lp.AppendImage(img); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.Import(ctxFor(t), oci, "chain-"+strings.ToLower(content)+":1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sess := p.session(t, spec("chain-good:1", sandbox.NetworkNone))
+	if out := mustSh(t, sess, `cat /etc/link`); out != "GOOD" {
+		t.Errorf("a session of the second image reads /etc/link as %q, want its own GOOD", out)
+	}
+}
+
+// hardLinkLayer is a layer of one hard link, name to target, its parent
+// directory left implicit.
+func hardLinkLayer(t testing.TB, name, target string) v1.Layer {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeLink, Linkname: target, ModTime: time.Unix(1, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b := buf.Bytes()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
