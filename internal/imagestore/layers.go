@@ -176,6 +176,9 @@ func (s *Store) addImage(ctx context.Context, st *stage, req addRequest) (Image,
 	if err != nil {
 		return Image{}, fmt.Errorf("%w: reading the layers of image %s: %w", ErrInvalidImage, req.Label, err)
 	}
+	if err := checkLayerCount(len(layers)); err != nil {
+		return Image{}, fmt.Errorf("image %s: %w", req.Label, err)
+	}
 	diffIDs := cfg.RootFS.DiffIDs
 	if len(diffIDs) != len(layers) {
 		return Image{}, fmt.Errorf("%w: image %s has %d layers but its config lists %d diff IDs", ErrInvalidImage, req.Label, len(layers), len(diffIDs))
@@ -237,12 +240,16 @@ type layerJob struct {
 }
 
 // unpackLayers commits every layer of the image the store lacks,
-// concurrently; each one unpacks while it downloads. A layer with hard
-// links to lower layers waits for them to be committed to resolve them.
+// maxConcurrentLayers at a time, in order; each one unpacks while it
+// downloads. A layer with hard links to lower layers waits for them to be
+// committed to resolve them: they were started before it, so they finish
+// without waiting for it.
 func (s *Store) unpackLayers(ctx context.Context, st *stage, req addRequest, layers []v1.Layer, diffIDs []v1.Hash, keys []string) error {
-	b := &budget{limit: s.maxSize, inodeLimit: s.maxInodes}
-	u := &unpacker{s: s, st: st, req: req, budget: b, sem: make(chan struct{}, maxConcurrentLayers)}
+	u := &unpacker{s: s, st: st, req: req, budget: &budget{limit: s.maxSize, inodeLimit: s.maxInodes}}
 	g, gctx := errgroup.WithContext(ctx)
+	// A goroutine per layer, and a layer's temporary directory, only once
+	// it has a slot: a hostile image's count of layers costs no more.
+	g.SetLimit(maxConcurrentLayers)
 	jobs := make([]*layerJob, len(layers))
 	for i, l := range layers {
 		// A diffID the image has twice is two layers: over other lowers,
@@ -250,6 +257,9 @@ func (s *Store) unpackLayers(ctx context.Context, st *stage, req addRequest, lay
 		j := &layerJob{n: i + 1, key: keys[i], diffID: diffIDs[i], layer: l, done: make(chan struct{})}
 		jobs[i] = j
 		lowers := jobs[:i]
+		if gctx.Err() != nil {
+			break // a layer failed: start no more
+		}
 		g.Go(func() error { return u.layer(gctx, j, lowers) })
 	}
 	return g.Wait()
@@ -261,8 +271,7 @@ type unpacker struct {
 	st     *stage
 	req    addRequest
 	budget *budget
-	sem    chan struct{} // a slot per layer being fetched and unpacked
-	mu     sync.Mutex    // serializes req.Events
+	mu     sync.Mutex // serializes req.Events
 }
 
 func (u *unpacker) event(j *layerJob, status string) {
@@ -321,12 +330,6 @@ func (u *unpacker) layer(ctx context.Context, j *layerJob, lowers []*layerJob) e
 // fetch unpacks j's layer into fsDir as it reads it, hashing the stream,
 // and checks it against the layer's diffID.
 func (u *unpacker) fetch(ctx context.Context, j *layerJob, fsDir string) ([]crossLink, error) {
-	select {
-	case u.sem <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	defer func() { <-u.sem }()
 	if err := os.Mkdir(fsDir, 0o755); err != nil {
 		return nil, fmt.Errorf("image store: %w", err)
 	}

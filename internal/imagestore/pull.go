@@ -252,10 +252,20 @@ func imageFor(desc *remote.Descriptor, want v1.Platform) (v1.Image, error) {
 		if err != nil {
 			return nil, err
 		}
-		return idx.Image(d.Digest)
+		if err := checkManifestSize(d); err != nil {
+			return nil, err
+		}
+		img, err := idx.Image(d.Digest)
+		if err != nil {
+			return nil, err
+		}
+		return img, checkManifest(img)
 	}
 	img, err := desc.Image()
 	if err != nil {
+		return nil, err
+	}
+	if err := checkManifest(img); err != nil {
 		return nil, err
 	}
 	cfg, err := img.ConfigFile()

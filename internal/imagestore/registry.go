@@ -245,6 +245,15 @@ func (w *watch) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
+	if strings.HasPrefix(what, "manifest ") && resp.StatusCode == http.StatusOK {
+		body, err := limitManifest(resp.Body, resp.ContentLength)
+		if err != nil {
+			timer.Stop()
+			cancel()
+			return nil, err
+		}
+		resp.Body = body
+	}
 	resp.Body = &watchedBody{body: resp.Body, timer: timer, stall: w.stall, cancel: cancel, stalled: &stalled, stallErr: stallErr, count: func(n int64) {
 		if blob != "" && w.onBlob != nil {
 			w.onBlob(blob, n)
