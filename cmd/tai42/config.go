@@ -205,6 +205,7 @@ type fileConfig struct {
 	Registry struct {
 		Mirrors  []string `toml:"mirrors"`
 		Insecure []string `toml:"insecure"`
+		Allowed  []string `toml:"allowed"`
 	} `toml:"registry"`
 	Pool struct {
 		Shapes  []string `toml:"shapes"`
@@ -303,7 +304,7 @@ func loadConfigFile(path string) (map[string]string, error) {
 		}
 	}
 	for key, v := range map[string][]string{"egress.allow": fc.Egress.Allow, "egress.deny": fc.Egress.Deny, "egress.allow_domains": fc.Egress.AllowDomains, "egress.dns": fc.Egress.DNS,
-		"registry.mirrors": fc.Registry.Mirrors, "registry.insecure": fc.Registry.Insecure, "kubernetes.image_pull_secrets": fc.Kubernetes.ImagePullSecrets,
+		"registry.mirrors": fc.Registry.Mirrors, "registry.insecure": fc.Registry.Insecure, "registry.allowed": fc.Registry.Allowed, "kubernetes.image_pull_secrets": fc.Kubernetes.ImagePullSecrets,
 		"pool.shapes": fc.Pool.Shapes} {
 		if len(v) > 0 {
 			for _, e := range v {

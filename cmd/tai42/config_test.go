@@ -122,6 +122,7 @@ func TestConfigErrors(t *testing.T) {
 		"bad mirror":        {file: "[registry]\nmirrors = [\"ftp://m.test\"]\n", msg: []string{"--registry-mirror", "ftp://m.test", "http or https"}},
 		"mirror password":   {args: []string{"--registry-mirror", "https://u:secret@m.test"}, msg: []string{"--registry-mirror", "docker config"}},
 		"bad insecure":      {env: map[string]string{"TAI42_INSECURE_REGISTRY": "h.test/path"}, msg: []string{"--insecure-registry", "h.test/path"}},
+		"bad registries":    {file: "[registry]\nallowed = [\"r.test/x\"]\n", msg: []string{"--registries", "r.test/x"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			env := map[string]string{stateDirEnv: "/state"}
@@ -349,7 +350,7 @@ reserve_mb = 64
 // resolve flag > variable > config file > default, and reach the container
 // provider's options.
 func TestImageSettings(t *testing.T) {
-	file := writeConfig(t, "[images]\npull = \"never\"\nmax_size = \"1GiB\"\nmax_inodes = 5000\n[registry]\nmirrors = [\"mirror.test:5000\", \"https://m2.test/v2\"]\ninsecure = [\"127.0.0.1:5000\"]\n")
+	file := writeConfig(t, "[images]\npull = \"never\"\nmax_size = \"1GiB\"\nmax_inodes = 5000\n[registry]\nmirrors = [\"mirror.test:5000\", \"https://m2.test/v2\"]\ninsecure = [\"127.0.0.1:5000\"]\nallowed = [\"docker.io\"]\n")
 	intFile := writeConfig(t, "[images]\nmax_size = 1048576\n")
 	for name, tc := range map[string]struct {
 		env  map[string]string
@@ -358,18 +359,18 @@ func TestImageSettings(t *testing.T) {
 	}{
 		"defaults": {want: imageConfig{pull: container.PullMissing, maxSize: 20 << 30, maxInodes: 1 << 20}},
 		"file": {env: map[string]string{configEnv: file}, want: imageConfig{pull: container.PullNever, maxSize: 1 << 30, maxInodes: 5000,
-			registry: imagestore.RegistryOptions{Mirrors: []string{"mirror.test:5000", "https://m2.test/v2"}, Insecure: []string{"127.0.0.1:5000"}},
-			given:    []string{"--pull", "--max-image-size", "--max-image-inodes", "--registry-mirror", "--insecure-registry"}}},
+			registry: imagestore.RegistryOptions{Mirrors: []string{"mirror.test:5000", "https://m2.test/v2"}, Insecure: []string{"127.0.0.1:5000"}, Registries: []string{"docker.io"}},
+			given:    []string{"--pull", "--max-image-size", "--max-image-inodes", "--registry-mirror", "--insecure-registry", "--registries"}}},
 		"bytes in the file": {env: map[string]string{configEnv: intFile}, want: imageConfig{pull: container.PullMissing, maxSize: 1 << 20, maxInodes: 1 << 20, given: []string{"--max-image-size"}}},
-		"env over file": {env: map[string]string{configEnv: file, "TAI42_PULL": "always", "TAI42_INSECURE_REGISTRY": "a.test,b.test:443", "TAI42_MAX_IMAGE_INODES": "7000"},
+		"env over file": {env: map[string]string{configEnv: file, "TAI42_PULL": "always", "TAI42_INSECURE_REGISTRY": "a.test,b.test:443", "TAI42_MAX_IMAGE_INODES": "7000", "TAI42_REGISTRIES": "r.test:5000,docker.io"},
 			want: imageConfig{pull: container.PullAlways, maxSize: 1 << 30, maxInodes: 7000,
-				registry: imagestore.RegistryOptions{Mirrors: []string{"mirror.test:5000", "https://m2.test/v2"}, Insecure: []string{"a.test", "b.test:443"}},
-				given:    []string{"--pull", "--max-image-size", "--max-image-inodes", "--registry-mirror", "--insecure-registry"}}},
+				registry: imagestore.RegistryOptions{Mirrors: []string{"mirror.test:5000", "https://m2.test/v2"}, Insecure: []string{"a.test", "b.test:443"}, Registries: []string{"r.test:5000", "docker.io"}},
+				given:    []string{"--pull", "--max-image-size", "--max-image-inodes", "--registry-mirror", "--insecure-registry", "--registries"}}},
 		"flag over env": {env: map[string]string{configEnv: file, "TAI42_PULL": "always", "TAI42_MAX_IMAGE_SIZE": "2GB"},
-			args: []string{"--pull", "missing", "--registry-mirror", "m3.test", "--registry-mirror", "m4.test", "--max-image-size", "500MB", "--max-image-inodes", "9000"},
+			args: []string{"--pull", "missing", "--registry-mirror", "m3.test", "--registry-mirror", "m4.test", "--max-image-size", "500MB", "--max-image-inodes", "9000", "--registries", "r2.test"},
 			want: imageConfig{pull: container.PullMissing, maxSize: 500_000_000, maxInodes: 9000,
-				registry: imagestore.RegistryOptions{Mirrors: []string{"m3.test", "m4.test"}, Insecure: []string{"127.0.0.1:5000"}},
-				given:    []string{"--pull", "--max-image-size", "--max-image-inodes", "--registry-mirror", "--insecure-registry"}}},
+				registry: imagestore.RegistryOptions{Mirrors: []string{"m3.test", "m4.test"}, Insecure: []string{"127.0.0.1:5000"}, Registries: []string{"r2.test"}},
+				given:    []string{"--pull", "--max-image-size", "--max-image-inodes", "--registry-mirror", "--insecure-registry", "--registries"}}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			env := map[string]string{stateDirEnv: "/state"}

@@ -181,7 +181,7 @@ func reloadFences(log *slog.Logger, was serveConfig, sb sandbox.Sandbox, srv *se
 		log.Warn("reload: the resolver's upstreams (--egress-dns, egress.dns) change at the next start only")
 	}
 	if !reflect.DeepEqual(cfg.images, was.images) {
-		log.Warn("reload: the image settings (--pull, --registry-mirror, --insecure-registry, --max-image-size, --max-image-inodes; [images], [registry]) change at the next start only")
+		log.Warn("reload: the image settings (--pull, --registry-mirror, --insecure-registry, --registries, --max-image-size, --max-image-inodes; [images], [registry]) change at the next start only")
 	}
 	set, ok := providerOf(sb).(fenceSetter)
 	if !ok {

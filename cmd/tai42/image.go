@@ -85,7 +85,7 @@ func (c *cli) openStore(t *imageTarget) (*imagestore.Store, error) {
 
 // localOnlyImageFlags are the flags of "tai42 image" that shape the local
 // store's pulls: a daemon has its own.
-var localOnlyImageFlags = []string{"state-dir", "registry-mirror", "insecure-registry"}
+var localOnlyImageFlags = []string{"state-dir", "registry-mirror", "insecure-registry", "registries"}
 
 // imageCall runs fn on the images of t, under a context a signal cancels:
 // the daemon's when one is named (--state-dir and the registry flags are

@@ -130,8 +130,15 @@ func TestImagePull(t *testing.T) {
 	ref1 := reg.push(t, "tools/box:1", one)
 	ref2 := reg.push(t, "tools/box:2", two)
 
-	// Plain HTTP needs --insecure-registry, and the error says so.
+	// A registry on loopback is not reached unless listed: the reference
+	// is refused (invalid_reference, a usage error), naming the setting.
 	r := runCLI(t, nil, env, "image", "pull", ref1)
+	r.want(t, exitUsage)
+	if !strings.Contains(r.stderr, "--registries") || !strings.Contains(r.stderr, ref1) {
+		t.Errorf("pull from loopback without --registries: stderr %q", r.stderr)
+	}
+	// Plain HTTP needs --insecure-registry, and the error says so.
+	r = runCLI(t, nil, map[string]string{stateDirEnv: state, "TAI42_REGISTRIES": reg.host}, "image", "pull", ref1)
 	r.want(t, exitFailure)
 	if !strings.Contains(r.stderr, "add --insecure-registry "+reg.host) || !strings.Contains(r.stderr, ref1) {
 		t.Errorf("pull over plain HTTP without --insecure-registry: stderr %q", r.stderr)

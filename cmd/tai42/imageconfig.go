@@ -17,10 +17,11 @@ import (
 // container provider's pulls) as their flags hold them; "tai42 image pull"
 // has the registry ones.
 type imageFlags struct {
-	pull     string
-	mirrors  []string
-	insecure []string
-	maxSize  string
+	pull       string
+	mirrors    []string
+	insecure   []string
+	registries []string
+	maxSize    string
 	// maxInodes is --max-image-inodes; 0 is refused, as a size of 0 is.
 	maxInodes int64
 }
@@ -35,12 +36,15 @@ var imageSettings = []setting{
 	{"max-image-inodes", "TAI42_MAX_IMAGE_INODES", "images.max_inodes"},
 	{"registry-mirror", "TAI42_REGISTRY_MIRROR", "registry.mirrors"},
 	{"insecure-registry", "TAI42_INSECURE_REGISTRY", "registry.insecure"},
+	{"registries", "TAI42_REGISTRIES", "registry.allowed"},
 }
 
-// addRegistryFlags registers --registry-mirror and --insecure-registry.
+// addRegistryFlags registers --registry-mirror, --insecure-registry and
+// --registries.
 func addRegistryFlags(fl *pflag.FlagSet, f *imageFlags) {
 	fl.StringSliceVar(&f.mirrors, "registry-mirror", nil, "a mirror of Docker Hub, `HOST[:PORT]` or an http(s) URL, tried before Docker Hub for its images; repeatable, tried in order")
 	fl.StringSliceVar(&f.insecure, "insecure-registry", nil, "a registry `HOST[:PORT]` reached over plain HTTP, or over TLS without verifying its certificate; repeatable (default: none)")
+	fl.StringSliceVar(&f.registries, "registries", nil, "the only registries pulls may reach, `HOST[:PORT]` (docker.io for Docker Hub; the mirrors and insecure registries count as listed); repeatable (default: any, but a registry at a loopback, link-local or unspecified address only when listed here or as insecure)")
 }
 
 // addImageFlags registers the image flags of serve and run.
@@ -83,7 +87,7 @@ func (f *imageFlags) validate() (imageConfig, error) {
 		return imageConfig{}, fmt.Errorf("--max-image-inodes %d: want a count > 0", f.maxInodes)
 	}
 	cfg.maxInodes = f.maxInodes
-	reg, err := registryOptions(f.mirrors, f.insecure)
+	reg, err := registryOptions(f.mirrors, f.insecure, f.registries)
 	if err != nil {
 		return imageConfig{}, err
 	}
@@ -91,8 +95,8 @@ func (f *imageFlags) validate() (imageConfig, error) {
 	return cfg, nil
 }
 
-// registryOptions validates mirrors and insecure registries.
-func registryOptions(mirrors, insecure []string) (imagestore.RegistryOptions, error) {
+// registryOptions validates mirrors, insecure and allowed registries.
+func registryOptions(mirrors, insecure, allowed []string) (imagestore.RegistryOptions, error) {
 	var o imagestore.RegistryOptions
 	for _, m := range mirrors {
 		m = strings.TrimSpace(m)
@@ -107,6 +111,13 @@ func registryOptions(mirrors, insecure []string) (imagestore.RegistryOptions, er
 			return o, fmt.Errorf("--insecure-registry %q: %w (want HOST[:PORT], e.g. 127.0.0.1:5000)", h, err)
 		}
 		o.Insecure = append(o.Insecure, h)
+	}
+	for _, h := range allowed {
+		h = strings.TrimSpace(h)
+		if err := validRegistryHost(h); err != nil {
+			return o, fmt.Errorf("--registries %q: %w (want HOST[:PORT], e.g. registry.example:5000 or docker.io)", h, err)
+		}
+		o.Registries = append(o.Registries, h)
 	}
 	return o, nil
 }

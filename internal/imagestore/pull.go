@@ -49,6 +49,13 @@ type RegistryOptions struct {
 	// StallTimeout ends a pull when a registry sends nothing for this
 	// long; 0 is DefaultStallTimeout.
 	StallTimeout time.Duration
+	// Registries, when set, are the only registries ("host[:port]", or
+	// "host" for any of its ports; docker.io for Docker Hub) a pull may
+	// reach; the mirrors and the Insecure registries count as listed.
+	// Empty is any registry. Either way a host the operator did not name
+	// here, in Insecure or in Mirrors is not reached at a loopback,
+	// link-local or unspecified address (see ErrRegistryNotAllowed).
+	Registries []string
 	// Transport carries the requests; nil is a clone of
 	// http.DefaultTransport. An *http.Transport is cloned, without
 	// certificate checks, for the Insecure hosts; another RoundTripper
@@ -86,8 +93,11 @@ type PullStats struct {
 // nothing behind.
 //
 // Errors are *PullError, classified by Reason, matching ErrInvalidName,
-// ErrNoPlatform, ErrUnauthorized, ErrStalled or ErrInvalidImage where
-// they apply; a cancelled pull returns ctx's error. Nothing of a failed
+// ErrNoPlatform, ErrUnauthorized, ErrStalled, ErrInvalidImage,
+// ErrTooLarge (see MaxLayers), ErrRegistryNotAllowed or ErrUnreachable
+// where they apply; a cancelled pull returns ctx's error. A registry that
+// cannot be reached, or answers as no registry does, gets one text
+// whatever the cause (see ErrUnreachable). Nothing of a failed
 // pull is kept but the layers the store committed (which a retry does not
 // fetch again).
 func (s *Store) Pull(ctx context.Context, ref string, opts PullOptions) (Image, PullStats, error) {
@@ -151,12 +161,13 @@ func (s *Store) pull(ctx context.Context, f *flight, ref name.Reference, label, 
 	if err != nil {
 		return fail(err)
 	}
+	host := at.Context().RegistryStr()
 	img, err := imageFor(desc, plat)
 	if err != nil {
-		return fail(err)
+		return fail(reg.uniform(host, err))
 	}
 	if err := prog.setLayers(img); err != nil {
-		return fail(fmt.Errorf("%w: %w", ErrInvalidImage, err))
+		return fail(reg.uniform(host, fmt.Errorf("%w: %w", ErrInvalidImage, err)))
 	}
 	f.emit(sandbox.PullProgress{Status: sandbox.PullResolved, Digest: desc.Digest.String()})
 	st, err := s.newStage()
@@ -174,7 +185,7 @@ func (s *Store) pull(ctx context.Context, f *flight, ref name.Reference, label, 
 		Platform: plat,
 	})
 	if err != nil {
-		return fail(rem.refused(at, err))
+		return fail(reg.uniform(host, rem.refused(at, err)))
 	}
 	stats := prog.finish()
 	f.emit(sandbox.PullProgress{Status: sandbox.PullComplete, Digest: desc.Digest.String()})
@@ -205,9 +216,12 @@ func (o remoteOptions) resolve(ref name.Reference, reg *regConfig) (name.Referen
 	for i, e := range eps {
 		desc, err := remote.Get(e, o.options()...)
 		if err == nil {
+			err = checkManifestType(desc.MediaType)
+		}
+		if err == nil {
 			return e, desc, nil
 		}
-		err = o.refused(e, err)
+		err = reg.uniform(e.Context().RegistryStr(), o.refused(e, err))
 		if i == len(eps)-1 || o.ctx.Err() != nil {
 			if len(tried) > 0 {
 				err = fmt.Errorf("%w (the mirrors failed first: %s)", err, strings.Join(tried, "; "))

@@ -45,6 +45,12 @@ func pullError(ref string, err error) *PullError {
 func reason(err error) sandbox.PullReason {
 	var te *transport.Error
 	switch {
+	case errors.Is(err, ErrRegistryNotAllowed):
+		// Nothing was asked of the registry: the operator's settings
+		// keep pulls from it.
+		return sandbox.PullInvalidReference
+	case errors.Is(err, ErrUnreachable), errors.As(err, new(*notRegistryError)):
+		return sandbox.PullUnreachable
 	case errors.Is(err, ErrInvalidName):
 		return sandbox.PullInvalidReference
 	case errors.Is(err, ErrNoPlatform):
@@ -102,6 +108,11 @@ func registryReason(te *transport.Error) sandbox.PullReason {
 		if blob {
 			// The manifest lists a blob the registry does not have.
 			return sandbox.PullInvalidImage
+		}
+		if len(te.Errors) == 0 {
+			// A registry says what it lacks (MANIFEST_UNKNOWN,
+			// NAME_UNKNOWN): a bare 404 is a server that is not one.
+			return sandbox.PullUnreachable
 		}
 		return sandbox.PullNotFound
 	}

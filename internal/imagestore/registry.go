@@ -40,6 +40,7 @@ type regConfig struct {
 	opts     RegistryOptions
 	insecure []string // hosts reached over plain HTTP or unverified TLS
 	mirrors  []string // Docker Hub's mirrors, host[:port]
+	names    []string // the hosts the operator named (see named)
 	// closers are the transports this pull made: their idle connections
 	// are closed when it ends.
 	closers []*http.Transport
@@ -60,6 +61,7 @@ func newRegistry(opts RegistryOptions) (*regConfig, error) {
 			r.insecure = append(r.insecure, host)
 		}
 	}
+	r.names = listNames(opts, r.mirrors)
 	return r, nil
 }
 
@@ -93,6 +95,9 @@ func (r *regConfig) isInsecure(host string) bool {
 // for another registry ref itself.
 func (r *regConfig) endpoints(ref name.Reference) ([]name.Reference, error) {
 	regs := []string{ref.Context().RegistryStr()}
+	if err := r.allow(regs[0]); err != nil {
+		return nil, err
+	}
 	if regs[0] == dockerHub {
 		regs = append(slices.Clone(r.mirrors), dockerHub)
 	}
@@ -120,33 +125,49 @@ func (r *regConfig) endpoints(ref name.Reference) ([]name.Reference, error) {
 
 // transport returns the transport of a pull: requests go through
 // opts.Transport (or a clone of http.DefaultTransport), with unverified
-// TLS and plain HTTP for the insecure hosts only, each one watched for
-// stalls (see watch).
+// TLS and plain HTTP for the insecure hosts only, kept off the addresses
+// the operator did not allow (see guard), each one watched for stalls
+// (see watch).
 func (r *regConfig) transport(w *watch) http.RoundTripper {
-	w.next = r.route()
+	w.next = r.route(true)
 	return w
 }
 
-// route is the transport of regConfig's requests but the stall watch.
-func (r *regConfig) route() *route {
+// route is the transport of regConfig's requests but the stall watch;
+// guarded, its connections are checked by a guard.
+func (r *regConfig) route(guarded bool) *route {
 	base := r.opts.Transport
-	if base == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		r.closers = append(r.closers, t)
-		base = t
+	own := base == nil
+	if own {
+		base = http.DefaultTransport
 	}
-	var skipVerify http.RoundTripper
-	if t, ok := base.(*http.Transport); ok && len(r.insecure) > 0 {
-		c := t.Clone()
-		c.TLSClientConfig = c.TLSClientConfig.Clone()
-		if c.TLSClientConfig == nil {
-			c.TLSClientConfig = &tls.Config{}
+	rt := &route{r: r, secure: base}
+	t, ok := base.(*http.Transport)
+	if !ok {
+		if guarded {
+			rt.precheck = &guard{r: r}
 		}
-		c.TLSClientConfig.InsecureSkipVerify = true // only for the hosts the operator listed (route)
-		r.closers = append(r.closers, c)
-		skipVerify = c
+		return rt
 	}
-	return &route{r: r, secure: base, skipVerify: skipVerify}
+	c := t.Clone()
+	if guarded {
+		g := &guard{r: r}
+		g.install(c, own)
+		rt.proxied = g
+	}
+	r.closers = append(r.closers, c)
+	rt.secure = c
+	if len(r.insecure) > 0 {
+		skip := c.Clone()
+		skip.TLSClientConfig = skip.TLSClientConfig.Clone()
+		if skip.TLSClientConfig == nil {
+			skip.TLSClientConfig = &tls.Config{}
+		}
+		skip.TLSClientConfig.InsecureSkipVerify = true // only for the hosts the operator listed (route)
+		r.closers = append(r.closers, skip)
+		rt.skipVerify = skip
+	}
+	return rt
 }
 
 // Transport is a transport that reaches registries as a pull does: over
@@ -160,7 +181,8 @@ func Transport(opts RegistryOptions) (rt http.RoundTripper, insecure func(host s
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	return r.route(), r.isInsecure, r.close, nil
+	// A push goes where the operator's own command says: not guarded.
+	return r.route(false), r.isInsecure, r.close, nil
 }
 
 // close releases the connections the pull's transports keep.
@@ -179,20 +201,38 @@ type route struct {
 	r          *regConfig
 	secure     http.RoundTripper
 	skipVerify http.RoundTripper
+	precheck   *guard // for a transport whose connections no guard sees
+	proxied    *guard // checks the requests that go through a proxy
 }
 
 func (t *route) RoundTrip(req *http.Request) (*http.Response, error) {
 	host := req.URL.Host
+	g := t.precheck
+	viaProxy := t.proxied != nil && t.proxied.proxied(req)
+	if viaProxy {
+		g = t.proxied
+	}
+	if g != nil {
+		if err := g.precheck(req.Context(), host); err != nil {
+			return nil, err
+		}
+	}
 	insecure := t.r.isInsecure(host)
 	if req.URL.Scheme == "http" && !insecure {
 		return nil, &routeError{msg: fmt.Sprintf("registry %s is not reached over plain HTTP unless the operator allows it: add --insecure-registry %s", host, host)}
 	}
+	next := t.secure
 	if insecure && t.skipVerify != nil {
-		return t.skipVerify.RoundTrip(req)
+		next = t.skipVerify
 	}
-	resp, err := t.secure.RoundTrip(req)
-	if err != nil && isCertError(err) {
+	resp, err := next.RoundTrip(req)
+	switch {
+	case err != nil && !insecure && isCertError(err):
 		return nil, &routeError{msg: fmt.Sprintf("the TLS certificate of registry %s is not trusted (%v): if it is self-signed and you trust the registry, add --insecure-registry %s", host, err, host), err: err}
+	case err != nil && viaProxy && !errors.As(err, new(net.Error)):
+		// A proxy refusing the connection (its CONNECT answered 502) is
+		// an untyped error: it is the network failing all the same.
+		return nil, &net.OpError{Op: "proxy", Net: "tcp", Err: err}
 	}
 	return resp, err
 }

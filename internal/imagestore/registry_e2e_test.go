@@ -40,13 +40,22 @@ func plain(r *registrytest.Registry) imagestore.RegistryOptions {
 	return imagestore.RegistryOptions{Insecure: []string{r.Host()}}
 }
 
-// trusted is how a pull reaches r over TLS, its CA trusted, as user.
+// trusted is how a pull reaches r over TLS, its CA trusted, as user: r
+// (and its token server) listed, as they are on loopback.
 func trusted(r *registrytest.Registry, user string) imagestore.RegistryOptions {
-	o := imagestore.RegistryOptions{Transport: r.Transport()}
+	o := imagestore.RegistryOptions{Transport: r.Transport(), Registries: listed(r)}
 	if user != "" {
 		o.Keychain = r.Keychain(user)
 	}
 	return o
+}
+
+// listed is r's host, and its token server's, for Registries.
+func listed(r *registrytest.Registry) []string {
+	if th := r.TokenHost(); th != "" {
+		return []string{r.Host(), th}
+	}
+	return []string{r.Host()}
 }
 
 func openStore(t *testing.T) *imagestore.Store {
@@ -245,7 +254,7 @@ func TestE2ETLSBasicAuth(t *testing.T) {
 	})
 	t.Run("untrusted", func(t *testing.T) {
 		s := openStore(t)
-		_, _, err := pull(t, s, ref, imagestore.RegistryOptions{Keychain: r.Keychain("alice")})
+		_, _, err := pull(t, s, ref, imagestore.RegistryOptions{Keychain: r.Keychain("alice"), Registries: listed(r)})
 		wantPullError(t, err, sandbox.PullUnreachable)
 		if !strings.Contains(err.Error(), "certificate") {
 			t.Errorf("the error does not say the certificate was refused: %v", err)

@@ -162,13 +162,13 @@ func TestRegistryPullFailsCreate(t *testing.T) {
 	r.Push(t, ref, img)
 
 	t.Run("missing", func(t *testing.T) {
-		p, _ := registryProvider(t, imagestore.RegistryOptions{Transport: r.Transport(), Keychain: r.Keychain("alice")})
+		p, _ := registryProvider(t, imagestore.RegistryOptions{Transport: r.Transport(), Registries: []string{r.Host()}, Keychain: r.Keychain("alice")})
 		missing := r.Ref("private/none", "v1")
 		wantSpecRejected(t, createErr(t, p, missing), missing, "")
 	})
 	t.Run("wrong-password", func(t *testing.T) {
 		wrong := "wrong-" + password
-		p, logs := registryProvider(t, imagestore.RegistryOptions{Transport: r.Transport(), Keychain: r.KeychainFor("alice", wrong)})
+		p, logs := registryProvider(t, imagestore.RegistryOptions{Transport: r.Transport(), Registries: []string{r.Host()}, Keychain: r.KeychainFor("alice", wrong)})
 		err := createErr(t, p, ref)
 		wantSpecRejected(t, err, ref, wrong)
 		var pe *sandbox.ImagePullError
@@ -180,7 +180,7 @@ func TestRegistryPullFailsCreate(t *testing.T) {
 		}
 	})
 	t.Run("never", func(t *testing.T) {
-		p, _ := registryProvider(t, imagestore.RegistryOptions{Transport: r.Transport(), Keychain: r.Keychain("alice")},
+		p, _ := registryProvider(t, imagestore.RegistryOptions{Transport: r.Transport(), Registries: []string{r.Host()}, Keychain: r.Keychain("alice")},
 			func(o *container.Options) { o.Pull = container.PullNever })
 		err := createErr(t, p, ref)
 		if n := r.BlobGETs(t, blobDigest(t, small)); n != 0 {
