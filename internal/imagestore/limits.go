@@ -109,10 +109,11 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 		// One byte more than the limit tells a body of exactly the limit
 		// from a larger one.
 		var one [1]byte
-		if n, _ := b.ReadCloser.Read(one[:]); n > 0 {
+		n, err := b.ReadCloser.Read(one[:])
+		if n > 0 {
 			return 0, manifestTooLarge(0)
 		}
-		return b.ReadCloser.Read(p)
+		return 0, err
 	}
 	if int64(len(p)) > b.left {
 		p = p[:b.left]
