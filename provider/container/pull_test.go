@@ -366,6 +366,7 @@ func TestPullUnreachable(t *testing.T) {
 	srv.Close()
 	p := newProviderMode(t, "runc", container.UserNamespaceOff, func(o *container.Options) {
 		o.Images = t.TempDir()
+		o.Pull = container.PullMissing
 		o.Registry.Registries = []string{gone} // on loopback: reached only when listed
 	})
 	_, err := p.sb.CreateSession(ctxFor(t), spec(ref, sandbox.NetworkNone))
