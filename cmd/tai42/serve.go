@@ -396,7 +396,7 @@ func loadTLS(cfg serveConfig) (*tls.Config, error) {
 // mode 0700): two daemons on one state directory would share workspaces
 // and the token file without knowing it.
 func lockStateDir(dir string) (io.Closer, error) {
-	if err := mkdirPrivate(dir); err != nil {
+	if err := ensureStateDir(dir); err != nil {
 		return nil, err
 	}
 	path := filepath.Join(dir, "serve.lock")

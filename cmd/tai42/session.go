@@ -53,6 +53,9 @@ func (c *cli) runPlan(p plan, rem *remote) int {
 	if err != nil {
 		return c.fail(usagef(err))
 	}
+	if err := ensureStateDir(stateDir); err != nil {
+		return c.fail(err)
+	}
 	if p.provider == host.Name && len(p.imageFlags) > 0 {
 		c.warn(fmt.Errorf("the host runner pulls no images (its one image is %q): %s have no effect", sandbox.HostImage, strings.Join(p.imageFlags, ", ")))
 	}

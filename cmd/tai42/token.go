@@ -5,10 +5,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // tokenFileName is the token file's name in the state directory.
@@ -49,24 +51,49 @@ func serveToken(cfg serveConfig) (token, from string, generated bool, err error)
 	return t, path, true, nil
 }
 
+// maxTokenFileBytes bounds what is read of a token file: a token is a
+// line, and a path given by mistake (a log, a device) is not read whole.
+const maxTokenFileBytes = 64 << 10
+
 // readTokenFile reads a token from path (surrounding white space trimmed).
-// It refuses a file that is not regular or that group or others may read
-// or write; a missing file is an error matching fs.ErrNotExist. No error
+// It opens path without following a symbolic link at its end, and
+// refuses a file that is not regular, that another user owns, or that
+// group or others may read or write (an *untrustedError, a *usageError):
+// a token someone else could plant or read is no secret of this
+// process's. A missing file is an error matching fs.ErrNotExist. No error
 // shows the token.
 func readTokenFile(path string) (string, error) {
-	fi, err := os.Stat(path)
+	// O_NONBLOCK: a FIFO planted there does not block the open; the
+	// check below refuses it.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if errors.Is(err, syscall.ELOOP) {
+		return "", usagef(&untrustedError{what: "token file", path: path, cause: "is a symbolic link",
+			fix: "give the path of the file itself (--token-file or $TAI42_TOKEN_FILE), or replace the link with the file"})
+	}
 	if err != nil {
 		return "", fmt.Errorf("token file: %w", err)
 	}
-	if !fi.Mode().IsRegular() {
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return "", fmt.Errorf("token file: %w", err)
+	}
+	uid := os.Geteuid()
+	switch o := fileOwner(fi); {
+	case !fi.Mode().IsRegular():
 		return "", usagef(fmt.Errorf("token file %s is not a regular file", path))
+	case o != uid:
+		return "", usagef(&untrustedError{what: "token file", path: path, cause: "is owned by " + describeUID(o) + ", not by " + describeUID(uid) + " that tai42 runs as",
+			fix: fmt.Sprintf("if you wrote that token yourself, run chown %d %s; else remove it, since someone else may know it", uid, path)})
+	case fi.Mode().Perm()&0o077 != 0:
+		return "", usagef(fmt.Errorf("token file %s is open to group or others (mode %04o): refusing it; run chmod 600 %s", path, fi.Mode().Perm(), path))
 	}
-	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
-		return "", usagef(fmt.Errorf("token file %s is open to group or others (mode %04o): refusing it; run chmod 600 %s", path, perm, path))
-	}
-	b, err := os.ReadFile(path)
+	b, err := io.ReadAll(io.LimitReader(f, maxTokenFileBytes+1))
 	if err != nil {
 		return "", fmt.Errorf("token file: %w", err)
+	}
+	if len(b) > maxTokenFileBytes {
+		return "", usagef(fmt.Errorf("token file %s is larger than %d bytes: it holds no token", path, maxTokenFileBytes))
 	}
 	t := strings.TrimSpace(string(b))
 	if err := validToken(t); err != nil {
