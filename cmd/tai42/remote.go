@@ -19,20 +19,22 @@ import (
 
 // Environment variables of the client commands.
 const (
-	urlEnv   = "TAI42_URL"
-	tokenEnv = "TAI42_TOKEN"
-	tlsCAEnv = "TAI42_TLS_CA"
+	urlEnv       = "TAI42_URL"
+	tokenEnv     = "TAI42_TOKEN"
+	tokenFileEnv = "TAI42_TOKEN_FILE"
+	tlsCAEnv     = "TAI42_TLS_CA"
 )
 
 // remoteFlags are the flags naming the daemon a client command talks to.
 type remoteFlags struct {
-	url, token, tlsCA string
+	url, token, tokenFile, tlsCA string
 }
 
-// addRemoteFlags registers --url, --token and --tls-ca.
+// addRemoteFlags registers --url, --token, --token-file and --tls-ca.
 func addRemoteFlags(fl *pflag.FlagSet, f *remoteFlags) {
 	fl.StringVar(&f.url, "url", "", "the daemon's `ADDRESS`: http://HOST:PORT, https://HOST:PORT, HOST:PORT or unix:/PATH (default: $"+urlEnv+")")
-	fl.StringVar(&f.token, "token", "", "the daemon's `TOKEN` (default: $"+tokenEnv+", else for a daemon on this machine the state directory's token file; prefer the variable: a flag shows in ps)")
+	fl.StringVar(&f.token, "token", "", "the daemon's `TOKEN` (default: $"+tokenEnv+", else --token-file, else for a daemon on this machine the state directory's token file); a flag's value is visible to every user of this machine in ps: prefer --token-file or $"+tokenEnv)
+	fl.StringVar(&f.tokenFile, "token-file", "", "read the daemon's token from this `FILE`, yours and mode 0600 (default: $"+tokenFileEnv+")")
 	fl.StringVar(&f.tlsCA, "tls-ca", "", "PEM `FILE` of the CA certificates to trust for an https daemon (default: $"+tlsCAEnv+", else the system's)")
 }
 
@@ -52,7 +54,8 @@ var errNoDaemon = errors.New("no daemon to talk to: set " + urlEnv + " (or --url
 
 // resolveRemote finds the daemon: --url, else $TAI42_URL (an empty value is
 // unset). ok is false when neither names one. The token is --token, else
-// $TAI42_TOKEN, else, for a daemon on this machine (a unix socket or a
+// --token-file, else $TAI42_TOKEN, else $TAI42_TOKEN_FILE, else, for a
+// daemon on this machine (a unix socket or a
 // loopback address), the token file of the default state directory that
 // `tai42 serve` writes; with none of them it is a usage error.
 func (c *cli) resolveRemote(f remoteFlags) (r remote, ok bool, err error) {
@@ -71,10 +74,8 @@ func (c *cli) resolveRemote(f remoteFlags) (r remote, ok bool, err error) {
 	if r.tlsCA == "" {
 		r.tlsCA, _ = c.lookupEnv(tlsCAEnv)
 	}
-	r.token, r.tokenFrom = f.token, "--token"
-	if r.token == "" {
-		r.token, _ = c.lookupEnv(tokenEnv)
-		r.tokenFrom = tokenEnv
+	if r.token, r.tokenFrom, err = c.remoteToken(f); err != nil {
+		return remote{}, true, err
 	}
 	if r.token == "" && isLocalURL(r.url) {
 		if dir, err := resolveStateDir("", c.lookupEnv); err == nil {
@@ -88,12 +89,39 @@ func (c *cli) resolveRemote(f remoteFlags) (r remote, ok bool, err error) {
 		}
 	}
 	if r.token == "" {
-		return remote{}, true, usagef(fmt.Errorf("no token for the daemon at %s: set %s (or --token) to the daemon's token, the content of the token file `tai42 serve` printed at its first start", r.url, tokenEnv))
+		return remote{}, true, usagef(fmt.Errorf("no token for the daemon at %s: set %s to the daemon's token, or %s (or --token-file) to a copy of the token file `tai42 serve` printed at its first start", r.url, tokenEnv, tokenFileEnv))
 	}
 	if err := validToken(r.token); err != nil {
 		return remote{}, true, usagef(fmt.Errorf("%s: %w", r.tokenFrom, err))
 	}
 	return r, true, nil
+}
+
+// remoteToken is the token a flag or a variable gives, and where it came
+// from: --token, else --token-file, else $TAI42_TOKEN, else the file
+// $TAI42_TOKEN_FILE names (an empty variable is unset); "" when none
+// does. Both a token and a token file from one level is a usage error.
+func (c *cli) remoteToken(f remoteFlags) (token, from string, err error) {
+	envToken, _ := envValue(c.lookupEnv, tokenEnv)
+	envFile, _ := envValue(c.lookupEnv, tokenFileEnv)
+	for _, lvl := range []struct{ token, file, tokenName, fileName string }{
+		{f.token, f.tokenFile, "--token", "--token-file"},
+		{envToken, envFile, tokenEnv, tokenFileEnv},
+	} {
+		switch {
+		case lvl.token != "" && lvl.file != "":
+			return "", "", usagef(fmt.Errorf("both %s and %s are given: give one", lvl.tokenName, lvl.fileName))
+		case lvl.token != "":
+			return lvl.token, lvl.tokenName, nil
+		case lvl.file != "":
+			t, err := readTokenFile(lvl.file)
+			if err != nil {
+				return "", "", usagef(fmt.Errorf("%s: %w", lvl.fileName, err))
+			}
+			return t, lvl.file, nil
+		}
+	}
+	return "", "", nil
 }
 
 // requireRemote is resolveRemote for a command that needs a daemon.

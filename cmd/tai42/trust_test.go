@@ -146,3 +146,39 @@ func TestTokenFileTrust(t *testing.T) {
 		t.Errorf("serve --token-file of nobody's: %v", err)
 	}
 }
+
+// The client commands read the token from --token-file or
+// $TAI42_TOKEN_FILE, since --token shows in ps; --token's help says so.
+func TestClientTokenFile(t *testing.T) {
+	d := startDaemon(t)
+	path := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(path, []byte(testToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	url := map[string]string{urlEnv: d.url}
+	runCLI(t, nil, url, "ls", "--token-file", path).want(t, exitOK)
+	runCLI(t, nil, map[string]string{urlEnv: d.url, tokenFileEnv: path}, "ls").want(t, exitOK)
+	// The flag wins over the variable.
+	runCLI(t, nil, map[string]string{urlEnv: d.url, tokenEnv: "wrong-token-0123456789"}, "ls", "--token-file", path).want(t, exitOK)
+
+	r := runCLI(t, nil, url, "ls", "--token-file", path, "--token", testToken)
+	r.want(t, exitUsage)
+	if !strings.Contains(r.stderr, "--token-file") || strings.Contains(r.stderr, testToken) {
+		t.Errorf("both --token and --token-file: stderr %q", r.stderr)
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = runCLI(t, nil, url, "ls", "--token-file", path)
+	r.want(t, exitUsage)
+	if !strings.Contains(r.stderr, "chmod 600") || strings.Contains(r.stderr, testToken) {
+		t.Errorf("a token file of mode 0644: stderr %q", r.stderr)
+	}
+
+	for _, args := range [][]string{{"ls", "--help"}, {"mcp", "--help"}, {"serve", "--help"}} {
+		r := runCLI(t, nil, nil, args...)
+		if !strings.Contains(r.stdout, "visible to every user of this machine in ps") || !strings.Contains(r.stdout, "--token-file") {
+			t.Errorf("%q: --token's help does not say it shows in ps, or offer --token-file:\n%s", args, r.stdout)
+		}
+	}
+}
