@@ -79,6 +79,11 @@ type Options struct {
 	// connection, since the stream cannot be resynchronised. 0 is
 	// [DefaultMaxMessageBytes].
 	MaxMessageBytes int
+	// Isolation is the isolation every session of the sandbox runs at,
+	// which the server tells the agent, in its instructions and in each
+	// create_session result, so that it never takes a session for a
+	// sandbox it is not; "" is not known, and the agent is told that.
+	Isolation sandbox.Isolation
 	// HTTPSessionIdle closes an HTTP connection (MCP session) that sent no
 	// request for that long; 0 is [DefaultHTTPSessionIdle].
 	HTTPSessionIdle time.Duration
@@ -140,7 +145,7 @@ func New(sb sandbox.Sandbox, opts Options) *Server {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.mcp = mcp.NewServer(&mcp.Implementation{Name: opts.Name, Version: opts.Version}, &mcp.ServerOptions{
-		Instructions:              instructions,
+		Instructions:              instructions(opts.Isolation),
 		Capabilities:              &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
 		SupportedProtocolVersions: protocolVersions,
 	})
@@ -148,7 +153,20 @@ func New(sb sandbox.Sandbox, opts Options) *Server {
 	return s
 }
 
-const instructions = `Disposable sandbox sessions: create_session, then run commands (run), move files (write_file, read_file, list_dir), and start long-running servers or jobs (start_process, read_process_output, write_process_stdin, kill_process). Paths and cwd are relative to the session's workspace. Sessions made here are destroyed when this connection ends unless persistent; every session also expires after its ttl_seconds unless touched.`
+// instructions tells the agent what the tools are for and how isolated
+// their sessions really are: isolation none is no sandbox at all.
+func instructions(iso sandbox.Isolation) string {
+	const tools = `Sessions to run commands in: create_session, then run commands (run), move files (write_file, read_file, list_dir), and start long-running servers or jobs (start_process, read_process_output, write_process_stdin, kill_process). Paths and cwd are relative to the session's workspace. Sessions made here are destroyed when this connection ends unless persistent; every session also expires after its ttl_seconds unless touched. `
+	switch iso {
+	case sandbox.IsolationNone:
+		return tools + `Isolation: none. These sessions are NOT sandboxed: commands run directly on the user's machine, as the user running this server, and can read and change that user's files outside the workspace, see and signal their processes and reach whatever the machine reaches. Act as you would in the user's own shell.`
+	case sandbox.IsolationContainer:
+		return tools + `Isolation: container. Each session is a container of its own (its own filesystem, processes and network per its network tier), not the user's machine.`
+	case sandbox.IsolationVM:
+		return tools + `Isolation: vm. Each session runs in a virtual machine of its own, not the user's machine.`
+	}
+	return tools + `Isolation: not known to this server. Do not assume these sessions are sandboxed: create_session's result says what is known.`
+}
 
 // ServeIO serves one connection over r and w (a process's stdin and
 // stdout: the stdio transport, newline-delimited JSON-RPC) until the

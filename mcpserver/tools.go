@@ -68,6 +68,14 @@ type sessionOut struct {
 	ThisConnection bool              `json:"this_connection,omitempty"`
 }
 
+// createOut is create_session's result: the session, and how it is
+// isolated, so that the agent knows whether it has a sandbox at all.
+type createOut struct {
+	sessionOut
+	Isolation string `json:"isolation" jsonschema:"none (no sandbox: the commands run on the user's machine as the server's user), container or vm; unknown when the server does not know"`
+	Network   string `json:"network" jsonschema:"none (loopback only), internal or egress"`
+}
+
 func sessionOutOf(info sandbox.SessionInfo, connID string) sessionOut {
 	return sessionOut{SessionID: info.ID, Image: info.Image, WorkspacePath: info.WorkspacePath,
 		WorkspaceKey: info.WorkspaceKey, Durability: string(info.Durability), CreatedAt: info.CreatedAt,
@@ -339,7 +347,7 @@ var (
 )
 
 func (s *Server) addTools() {
-	tool(s, "create_session", "Create a disposable sandbox session and return its session_id. The operator's policy caps network, isolation and persistence: a request beyond it is refused with the reason. The session is destroyed when this connection ends (unless persistent) and expires after ttl_seconds unless touched.",
+	tool(s, "create_session", "Create a disposable session and return its session_id, with its isolation (none is no sandbox: commands run on the user's machine) and network. The operator's policy caps network, isolation and persistence: a request beyond it is refused with the reason. The session is destroyed when this connection ends (unless persistent) and expires after ttl_seconds unless touched.",
 		map[string][]string{"network": networks, "isolation": isolations}, s.createSession)
 	tool(s, "run", "Run a command in a session to completion and return its exit code, stdout and stderr. A non-zero exit is a result, not an error. Output past the result limit is cut: the result says so, with the full byte counts, and the whole output is in stdout_file/stderr_file in the workspace (page it with read_file). A command past timeout_seconds is killed and reported as an error with the byte counts of its output. For servers and long jobs use start_process.",
 		map[string][]string{"stdin_encoding": inEncodings}, s.run)
@@ -417,7 +425,7 @@ func (s *Server) evict(id string) {
 	s.cache.mu.Unlock()
 }
 
-func (s *Server) createSession(ctx context.Context, c *conn, in createIn) (sessionOut, error) {
+func (s *Server) createSession(ctx context.Context, c *conn, in createIn) (createOut, error) {
 	spec := sandbox.SessionSpec{
 		Image:      or(in.Image, s.opts.DefaultImage),
 		Durability: sandbox.Ephemeral,
@@ -437,7 +445,7 @@ func (s *Server) createSession(ctx context.Context, c *conn, in createIn) (sessi
 	}
 	for k, v := range in.Labels {
 		if k == LabelConnection {
-			return sessionOut{}, &sandbox.SpecRejectedError{Field: "labels", Reason: sandbox.ReasonUnenforceable,
+			return createOut{}, &sandbox.SpecRejectedError{Field: "labels", Reason: sandbox.ReasonUnenforceable,
 				Message: fmt.Sprintf("the label %s is the server's own: it names the connection a session belongs to", LabelConnection)}
 		}
 		spec.Labels[k] = v
@@ -445,20 +453,34 @@ func (s *Server) createSession(ctx context.Context, c *conn, in createIn) (sessi
 	spec.Labels[LabelConnection] = c.id
 	sess, err := s.sb.CreateSession(ctx, spec)
 	if err != nil {
-		return sessionOut{}, err
+		return createOut{}, err
 	}
 	if spec.Durability == sandbox.Ephemeral {
 		if err := c.own(sess.ID()); err != nil {
 			_ = sess.Destroy(context.WithoutCancel(ctx))
-			return sessionOut{}, err
+			return createOut{}, err
 		}
 	}
 	s.remember(sess)
 	info, err := sess.Info(ctx)
 	if err != nil {
-		return sessionOut{}, s.evictOn(sess.ID(), err)
+		return createOut{}, s.evictOn(sess.ID(), err)
 	}
-	return sessionOutOf(info, c.id), nil
+	return createOut{sessionOut: sessionOutOf(info, c.id), Isolation: s.isolationOf(spec), Network: string(spec.Network)}, nil
+}
+
+// isolationOf is the isolation of a session created with spec: a sandbox
+// runs every session at its own isolation, which a spec's may not exceed
+// (a weaker one asked for is raised to it), so the stronger of the two.
+func (s *Server) isolationOf(spec sandbox.SessionSpec) string {
+	iso := s.opts.Isolation
+	if spec.Isolation != "" && sandbox.IsolationStrength(spec.Isolation) > sandbox.IsolationStrength(iso) {
+		iso = spec.Isolation
+	}
+	if iso == "" {
+		return "unknown"
+	}
+	return string(iso)
 }
 
 func (s *Server) timeout(seconds float64, def time.Duration) (time.Duration, error) {

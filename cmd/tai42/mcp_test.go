@@ -60,22 +60,30 @@ func callTool(t *testing.T, cs *mcp.ClientSession, name string, args map[string]
 }
 
 // TestMCPStdio runs "tai42 mcp" as an agent launches it, on the embedded
-// host provider: the tools work, the agent's close ends the process with
+// host provider (no sandbox, opted into): the tools work, the agent's close ends the process with
 // exit 0 and destroys its sessions; a persistent key one tai42 mcp uses is
 // refused to another.
 func TestMCPStdio(t *testing.T) {
 	bin := buildBinary(t)
 	state := t.TempDir()
-	cs, stderr := mcpProc(t, bin, nil, "--provider", "host", "--state-dir", state)
+	cs, stderr := mcpProc(t, bin, nil, "--provider", "host", "--state-dir", state, "--allow-unsandboxed")
 	tools, err := cs.ListTools(context.Background(), nil)
 	if err != nil || len(tools.Tools) != 14 {
 		t.Fatalf("tools: %v %+v", err, tools)
 	}
+	if ins := cs.InitializeResult().Instructions; !strings.Contains(ins, "Isolation: none") {
+		t.Errorf("the instructions do not say isolation none: %q", ins)
+	}
 	var s struct {
 		SessionID     string `json:"session_id"`
 		WorkspacePath string `json:"workspace_path"`
+		Isolation     string `json:"isolation"`
+		Network       string `json:"network"`
 	}
 	callTool(t, cs, "create_session", nil, false, &s)
+	if s.Isolation != "none" || s.Network != "none" {
+		t.Errorf("create_session: isolation %q, network %q; want none, none", s.Isolation, s.Network)
+	}
 	var r struct {
 		ExitCode int    `json:"exit_code"`
 		Stdout   string `json:"stdout"`
@@ -90,7 +98,7 @@ func TestMCPStdio(t *testing.T) {
 	callTool(t, cs, "create_session", map[string]any{"persistent": "shared-key"}, false, &p)
 
 	// Another tai42 mcp on the same state directory: the key is held.
-	cs2, _ := mcpProc(t, bin, nil, "--provider", "host", "--state-dir", state)
+	cs2, _ := mcpProc(t, bin, nil, "--provider", "host", "--state-dir", state, "--allow-unsandboxed")
 	msg := callTool(t, cs2, "create_session", map[string]any{"persistent": "shared-key"}, true, nil)
 	if !strings.Contains(msg, "in use by another tai42 process") {
 		t.Errorf("the second process's create: %s", msg)
@@ -131,7 +139,8 @@ func listDir(dir string) []string {
 func TestMCPStdioDaemon(t *testing.T) {
 	d := startDaemon(t)
 	bin := buildBinary(t)
-	cs, _ := mcpProc(t, bin, []string{urlEnv + "=" + d.url, tokenEnv + "=" + testToken})
+	// The test daemon runs the host runner: no sandbox, opted into.
+	cs, _ := mcpProc(t, bin, []string{urlEnv + "=" + d.url, tokenEnv + "=" + testToken, allowUnsandboxedEnv + "=1"})
 	var s struct {
 		SessionID string `json:"session_id"`
 	}

@@ -259,7 +259,7 @@ func (c *cli) serve(cfg serveConfig) error {
 	if err := registerEgressMetrics(reg, sb); err != nil {
 		return fail(err)
 	}
-	mcpSrv := mcpserver.New(sb, mcpserver.Options{Version: buildVersion(), MaxResultBytes: cfg.mcpResultBytes,
+	mcpSrv := mcpserver.New(sb, mcpserver.Options{Version: buildVersion(), MaxResultBytes: cfg.mcpResultBytes, Isolation: sandboxIsolation(sb),
 		MaxMessageBytes: int(min(cfg.maxBodyBytes, mcpserver.DefaultMaxMessageBytes)), Logger: log})
 	// Before the sandbox closes: the MCP connections' sessions are
 	// destroyed with them.

@@ -63,7 +63,14 @@ async def connect(kind: str, d: Daemon, tai42_bin: str) -> AsyncIterator[Client]
             server = StdioServerParameters(
                 command=tai42_bin,
                 args=["mcp"],
-                env={"PATH": os.environ["PATH"], "TAI42_URL": d.url, "TAI42_TOKEN": d.token},
+                # tai42 mcp refuses a daemon of the host runner (no
+                # sandbox) unless opted into.
+                env={
+                    "PATH": os.environ["PATH"],
+                    "TAI42_URL": d.url,
+                    "TAI42_TOKEN": d.token,
+                    **({"TAI42_ALLOW_UNSANDBOXED": "true"} if d.provider == "host" else {}),
+                },
             )
         else:
             http = await stack.enter_async_context(
@@ -138,6 +145,9 @@ async def test_sessions_files_and_a_background_server(
     async with connect(kind, mcp_daemon, tai42_bin) as client:
         s = await ok(client, "create_session", {"image": "host", "labels": {"via": kind}})
         sid = s["session_id"]
+        # The agent is told what isolation it really has: none on the host runner.
+        want = "none" if mcp_daemon.provider == "host" else "container"
+        assert (s["isolation"], s["network"]) == (want, "none")
         r = await ok(
             client, "run", {"session_id": sid, "command": "echo out; echo err >&2; exit 3"}
         )

@@ -69,8 +69,11 @@ async function sessionIds() {
 }
 
 const transports = {
+  // tai42 mcp refuses a daemon of the host runner (no sandbox) unless
+  // opted into.
   stdio: () => new StdioClientTransport({ command: bin, args: ["mcp"], stderr: "pipe",
-    env: { PATH: process.env.PATH, TAI42_URL: daemon.url, TAI42_TOKEN: daemon.token } }),
+    env: { PATH: process.env.PATH, TAI42_URL: daemon.url, TAI42_TOKEN: daemon.token,
+      ...(daemon.provider === "host" ? { TAI42_ALLOW_UNSANDBOXED: "true" } : {}) } }),
   http: () => new StreamableHTTPClientTransport(new URL(daemon.url + "/mcp"),
     { requestInit: { headers: { Authorization: "Bearer " + daemon.token } } }),
 };
@@ -139,6 +142,8 @@ for (const kind of Object.keys(transports)) {
     const { client, disconnect } = await connect(kind);
     const s = await ok(client, "create_session", { image: "host", ttl_seconds: 300, labels: { via: kind } });
     assert.match(s.session_id, /^sb-/);
+    // The agent is told what isolation it really has: none on the host runner.
+    assert.deepEqual([s.isolation, s.network], [daemon.provider === "host" ? "none" : "container", "none"]);
     const r = await ok(client, "run", { session_id: s.session_id, command: "echo out; echo err >&2; exit 3" });
     assert.deepEqual([r.exit_code, r.stdout, r.stderr], [3, "out\n", "err\n"]);
     const r2 = await ok(client, "run", { session_id: s.session_id, argv: ["cat"], stdin: "piped" });
