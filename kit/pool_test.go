@@ -57,6 +57,10 @@ type poolProvider struct {
 	failWith error
 	removed  []string // RemoveImage's names, with the members of the image then live
 	liveAt   []int
+	// aheadGate holds the creates of sessions made ahead (the pool's),
+	// not the cold ones; each such create sends its id on entered first.
+	aheadGate chan struct{}
+	entered   chan string
 }
 
 func newPoolProvider() *poolProvider {
@@ -68,6 +72,10 @@ func (p *poolProvider) IdleBytes() int64 { return p.idle }
 func (p *poolProvider) Create(ctx context.Context, req kit.CreateRequest) (kit.Resources, error) {
 	p.mu.Lock()
 	gate, fail := p.gate, p.failWith
+	if req.Ahead && p.aheadGate != nil {
+		gate = p.aheadGate
+		p.entered <- req.ID
+	}
 	p.mu.Unlock()
 	if gate != nil {
 		select {
@@ -515,5 +523,98 @@ func TestPoolRefillWaitsForLoad(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	if st := sb.PoolStats(); st[0].Ready != 1 || st[0].Hits != 2 {
 		t.Errorf("PoolStats = %+v; want the second take refilled at once", st)
+	}
+}
+
+// holdAhead holds the pool's creates from now on (the cold ones go
+// through); the returned func lets them go.
+func (p *poolProvider) holdAhead() (release func()) {
+	gate := make(chan struct{})
+	p.mu.Lock()
+	p.aheadGate, p.entered = gate, make(chan string, 64)
+	p.mu.Unlock()
+	return func() { close(gate) }
+}
+
+// nextEntered is the id of the next create of a session made ahead to
+// reach the provider, or "" when none does within d.
+func (p *poolProvider) nextEntered(d time.Duration) string {
+	p.mu.Lock()
+	entered := p.entered
+	p.mu.Unlock()
+	select {
+	case id := <-entered:
+		return id
+	case <-time.After(d):
+		return ""
+	}
+}
+
+// TestPoolRefillAfterFlushDiscarded: a refill under way when its image is
+// pulled anew (the name may now be another image) lands after the flush;
+// it was made of the old image and must never be handed out.
+func TestPoolRefillAfterFlushDiscarded(t *testing.T) {
+	p := newPoolProvider()
+	sb := newPoolKit(t, p, kit.PoolShape{Image: "img", Network: sandbox.NetworkNone, Size: 1})
+	waitPool(t, sb)
+	release := p.holdAhead()
+	ctx := t.Context()
+	if _, err := sb.CreateSession(ctx, spec()); err != nil {
+		t.Fatal(err)
+	}
+	stale := p.nextEntered(10 * time.Second)
+	if stale == "" {
+		t.Fatal("the take was not refilled")
+	}
+	if _, err := sb.PullImage(ctx, "img", sandbox.PullOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	waitPool(t, sb)
+	s, err := sb.CreateSession(ctx, spec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ID() == stale {
+		t.Fatalf("session %s, made while its image was pulled anew, was handed out", stale)
+	}
+	if r := p.byID(stale); r == nil || !r.isDestroyed() {
+		t.Errorf("session %s, made while its image was pulled anew, was kept", stale)
+	}
+}
+
+// TestPoolRefillsCountTheMaking: with several refill workers, one that
+// finds a shape's missing session already being made by another makes
+// none: the pool never holds more than its size.
+func TestPoolRefillsCountTheMaking(t *testing.T) {
+	p := newPoolProvider()
+	sb, err := kit.New(p, kit.Options{Policy: open, ReapInterval: -1, PoolRefills: 3,
+		Pool: []kit.PoolShape{{Image: "img", Network: sandbox.NetworkNone, Size: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Close(context.Background()) })
+	waitPool(t, sb)
+	release := p.holdAhead()
+	ctx := t.Context()
+	if _, err := sb.CreateSession(ctx, spec()); err != nil {
+		t.Fatal(err)
+	}
+	if p.nextEntered(10*time.Second) == "" {
+		t.Fatal("the take was not refilled")
+	}
+	// A miss wakes another worker while the refill is held: it must find
+	// nothing to do. A worker that would refill does so once the 20 ms
+	// quiet period after the (cold) create has passed; 300 ms is ample.
+	if _, err := sb.CreateSession(ctx, spec()); err != nil {
+		t.Fatal(err)
+	}
+	if id := p.nextEntered(300 * time.Millisecond); id != "" {
+		t.Errorf("a second refill (%s) began for a pool of 1 whose one missing session was being made", id)
+	}
+	release()
+	waitPool(t, sb)
+	if st := sb.PoolStats(); st[0].Ready != 1 || st[0].Refills != 2 {
+		t.Errorf("PoolStats = %+v; want 1 ready of 1, 2 refills (the first and the take's)", st)
 	}
 }
