@@ -2,6 +2,10 @@ package container_test
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -128,4 +132,70 @@ func inOrder(sub, seq []string) bool {
 		}
 	}
 	return i == len(sub)
+}
+
+// TestCreateRuntimeFailsAfterRun: a runtime whose run fails after it made
+// the container (its state, its cgroup, PID 1 running) has the create
+// undo that too, not only the steps before it: the fault injection of
+// TestCreateFailsAtEachStep fails steps before they run, never inside the
+// runtime. The runtime here is a wrapper named as the real one that runs
+// it and then exits 1, while the test's flag file exists.
+func TestCreateRuntimeFailsAfterRun(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, rt string) {
+		real, err := exec.LookPath(rt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		flag, wrapper := filepath.Join(dir, "fail"), filepath.Join(dir, rt)
+		// "$3": the wrapper is called as RUNTIME --root DIR run ...
+		script := fmt.Sprintf(`#!/bin/sh
+%q "$@"
+rc=$?
+if [ "$3" = run ] && [ -e %q ]; then
+	echo "tai42 test: the runtime fails after its run" >&2
+	exit 1
+fi
+exit $rc
+`, real, flag)
+		if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		p := newProviderMode(t, rt, container.UserNamespaceOn, func(o *container.Options) { o.Runtime = wrapper })
+		warmUp(t, p)
+		base := takeBaseline(t)
+		if err := os.WriteFile(flag, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		var id string
+		container.FailCreateSteps(p.sb, func(sid, _ string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			id = sid
+			return nil
+		})
+		_, err = p.sb.CreateSession(ctxFor(t), spec(containertest.Busybox, sandbox.NetworkInternal))
+		container.FailCreateSteps(p.sb, nil)
+		if rerr := os.Remove(flag); rerr != nil {
+			t.Fatal(rerr)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case err == nil:
+			t.Fatal("a create whose runtime failed its run succeeded")
+		case undo.FailedStep(err) != "container":
+			t.Errorf("a create whose runtime failed its run: the failure names step %q, want %q: %v", undo.FailedStep(err), "container", err)
+		case !strings.Contains(err.Error(), "the runtime fails after its run"):
+			t.Errorf("a create whose runtime failed its run: %q does not carry the runtime's own message", err)
+		}
+		if id == "" {
+			t.Fatal("the failed create asked no step")
+		}
+		checkNoLeaks(t, p, []string{id}, base, true)
+		// The runtime (the wrapper, now passing through) runs the next.
+		sess := p.session(t, spec(containertest.Busybox, sandbox.NetworkInternal))
+		run(t, sess, "true")
+	})
 }
