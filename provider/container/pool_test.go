@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -131,6 +132,43 @@ func TestPoolDeadSessionNeverHandedOut(t *testing.T) {
 		t.Errorf("PoolStats = %+v; want the dead session discarded", st)
 	}
 	checkGone(t, opts, "the dead pool session", dead, pid)
+}
+
+// TestPoolOOMNote: a session taken from the pool is given the create's
+// spec, not only its caps: a command its memory limit kills is said to be
+// (exit 137 and the provider's note naming memory_mb), as in a session
+// made cold (TestCapsMemoryBomb).
+func TestPoolOOMNote(t *testing.T) {
+	containertest.Require(t)
+	opts := containertest.Options(t, "crun", permissive)
+	opts.ReapInterval = -1
+	opts.Pool = []kit.PoolShape{{Image: containertest.Busybox, Network: sandbox.NetworkNone, Size: 1}}
+	opts.PoolWait = true
+	sb := containertest.New(t, opts)
+	ctx := ctxFor(t)
+	sp := spec(containertest.Busybox, sandbox.NetworkNone)
+	sp.MemoryMB = 64
+	sess, err := sb.CreateSession(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := sb.PoolStats(); st[0].Hits != 1 {
+		t.Fatalf("PoolStats = %+v; want the create served from the pool", st)
+	}
+	if got := memoryLimit(t, sess.ID()); got != 64<<20 {
+		t.Fatalf("the session's memory limit is %d, want %d", got, 64<<20)
+	}
+	res, err := sess.Exec(ctx, []string{"sh", "-c", "dd if=/dev/zero bs=1M count=500 2>/dev/null | sort >/dev/null"},
+		sandbox.ExecOptions{Timeout: 60 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 137 || !strings.Contains(res.Stderr, "memory limit (memory_mb=64)") {
+		t.Errorf("a command past the memory limit of a pooled session: exit %d, stderr %q; want 137 and the note naming memory_mb=64", res.ExitCode, res.Stderr)
+	}
+	if n := oomKills(t, sess.ID()); n < 1 {
+		t.Errorf("the session's cgroup counts %d OOM kills, want at least 1", n)
+	}
 }
 
 // TestDefaultAgent: with no AgentBinary, the provider runs tai42-agent
