@@ -857,3 +857,95 @@ func TestRecoverThroughKit(t *testing.T) {
 	checkNetworkGone(t, opts)
 	checkProcessBack(t, base)
 }
+
+// TestRecoverImageReplaced: a kept session whose image name now holds
+// another image than the one its root was made of (imported again while
+// the provider was down; here its handle names another digest) is not
+// brought back on the wrong image: Recover says why and removes it.
+func TestRecoverImageReplaced(t *testing.T) {
+	containertest.Require(t)
+	opts := recoverOptions(t, "crun", container.UserNamespaceOn)
+	sbA, ledger, crash := crashable(t, opts)
+	s := &crashSession{name: "busybox, its image replaced", spec: spec(containertest.Busybox, sandbox.NetworkNone)}
+	makeCrashSession(t, sbA, s)
+	s.init = bundlePID(t, opts, s.id)
+	records, err := ledger.Load(ctxFor(t))
+	if err != nil || len(records) != 1 || records[0].ID != s.id {
+		t.Fatalf("the ledger holds %+v (%v), want session %s", records, err, s.id)
+	}
+	var h map[string]any
+	if err := json.Unmarshal(records[0].Handle, &h); err != nil {
+		t.Fatal(err)
+	}
+	if img, _ := h["image"].(string); !strings.HasPrefix(img, "sha256:") {
+		t.Fatalf("the session's handle %s names no image digest", records[0].Handle)
+	}
+	h["image"] = "sha256:" + strings.Repeat("0", 64)
+	handle, err := json.Marshal(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crash()
+
+	p, err := container.NewBare(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	results, err := p.Recover(ctxFor(t), []kit.Kept{{ID: s.id, Spec: records[0].Spec, Handle: handle}})
+	if err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	if len(results) != 1 {
+		t.Fatalf("Recover answered %d results for one kept session", len(results))
+	}
+	if r := results[0]; r.Res != nil || r.Err == nil || !strings.Contains(r.Err.Error(), "imported again") {
+		t.Errorf("a kept session whose image is another now: brought back %v, Err %v; want it refused, saying its image was imported again", r.Res != nil, r.Err)
+		if r.Res != nil {
+			if err := r.Res.Destroy(ctxFor(t)); err != nil {
+				t.Errorf("destroying it: %v", err)
+			}
+		}
+	}
+	checkGone(t, opts, s.name, s.id, s.init)
+}
+
+// TestRecoverLeavesLockedSessions: a provider starting on a state
+// directory another live provider uses (concurrent `tai42 run`s share
+// one) refuses to bring back a session whose lock the other holds, saying
+// so, and removes none of the other's sessions: they go on working.
+func TestRecoverLeavesLockedSessions(t *testing.T) {
+	containertest.Require(t)
+	a := newProviderMode(t, "runc", container.UserNamespaceOff)
+	var live []sandbox.Session
+	for range 2 {
+		sess := a.session(t, spec(containertest.Busybox, sandbox.NetworkNone))
+		mustSh(t, sess, `echo kept > /workspace/f && echo kept > /root-f`)
+		live = append(live, sess)
+	}
+	// A provider of its own network manager (only such a one brings a
+	// session back) on a's state directory.
+	opts := recoverOptions(t, "runc", container.UserNamespaceOff)
+	opts.StateDir = a.opts.StateDir
+	p, err := container.NewBare(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	handle := json.RawMessage(`{"v":1,"runtime":"runc","remap":false}`)
+	results, err := p.Recover(ctxFor(t), []kit.Kept{{ID: live[0].ID(), Spec: spec(containertest.Busybox, sandbox.NetworkNone), Handle: handle}})
+	if err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	if len(results) != 1 {
+		t.Fatalf("Recover answered %d results for one kept session", len(results))
+	}
+	if r := results[0]; r.Res != nil || r.Err == nil || !strings.Contains(r.Err.Error(), "another live process runs it") {
+		t.Errorf("a kept session another live provider holds: brought back %v, Err %v; want it refused, saying another process runs it", r.Res != nil, r.Err)
+	}
+	for _, sess := range live {
+		if out := mustSh(t, sess, `cat /workspace/f /root-f`); out != "kept\nkept\n" {
+			t.Errorf("session %s of the other provider after the Recover: %q", sess.ID(), out)
+		}
+	}
+}
