@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/provider/container"
 	"github.com/tai42/sandbox/provider/container/containertest"
 )
@@ -504,4 +505,109 @@ func kernelReserve(t testing.TB, p *testProvider) int64 {
 		t.Fatal("no disk of the provider is mounted")
 	}
 	return resv
+}
+
+// TestDiskWorkspaceKeysEndingInNew: a workspace key may end in ".new" (or
+// ".img.new"), which a migration's image and mount point were once named
+// by: such a key's workspace is never taken for a migration's leftover.
+// While a session of "data.new" runs, the plain directory of key "data"
+// moves into its image; a provider starting on the state directory keeps
+// the plain directories of keys "notes.img.new" and "empty.img.new" (from
+// before the disk cap) and removes what an earlier version's interrupted
+// migration left (old.img.new, +mnt/old.new); then every key's files are
+// there.
+func TestDiskWorkspaceKeysEndingInNew(t *testing.T) {
+	containertest.Require(t)
+	opts := containertest.Options(t, "crun", permissive)
+	opts.ReapInterval = -1
+	opts.DiskMB = diskMB
+	sb, err := container.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			sb.Close(context.Background())
+		}
+	})
+	p := &testProvider{sb: sb, opts: opts, rt: "crun"}
+	perDir := filepath.Join(p.root(), "workspaces")
+	persistent := func(key string) sandbox.SessionSpec {
+		sp := spec(containertest.Busybox, sandbox.NetworkNone)
+		sp.Durability, sp.WorkspaceKey = sandbox.Persistent, key
+		return sp
+	}
+	plainDir := func(key, content string) {
+		t.Helper()
+		dir := filepath.Join(perDir, key)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if content != "" {
+			if err := os.WriteFile(filepath.Join(dir, "f"), []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	create := func(sb *kit.Sandbox, key string) sandbox.Session {
+		t.Helper()
+		sess, err := sb.CreateSession(ctxFor(t), persistent(key))
+		if err != nil {
+			t.Fatalf("CreateSession of key %q: %v", key, err)
+		}
+		return sess
+	}
+	destroy := func(sess sandbox.Session) {
+		t.Helper()
+		if err := sess.Destroy(ctxFor(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	dataNew := create(sb, "data.new")
+	mustSh(t, dataNew, `echo new > /workspace/f`)
+	plainDir("data", "old")
+	data := create(sb, "data")
+	if out := mustSh(t, data, `cat /workspace/f`); out != "old" {
+		t.Errorf("key data, moved into its image while key data.new's session ran: %q", out)
+	}
+	destroy(data)
+	destroy(dataNew)
+
+	plainDir("notes.img.new", "notes")
+	plainDir("empty.img.new", "")
+	if err := os.WriteFile(filepath.Join(perDir, "old.img.new"), []byte("half an image"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	plainDir(filepath.Join("+mnt", "old.new"), "")
+	if err := sb.Close(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	closed = true
+
+	sb = containertest.New(t, opts)
+	for _, left := range []string{"old.img.new", "+mnt/old.new"} {
+		if _, err := os.Lstat(filepath.Join(perDir, left)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s, left by an interrupted migration of an earlier version, is still there after a start (%v)", left, err)
+		}
+	}
+	ws, err := sb.ListWorkspaces(ctxFor(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, w := range ws {
+		keys = append(keys, w.Key)
+	}
+	if want := []string{"data", "data.new", "empty.img.new", "notes.img.new"}; !slices.Equal(keys, want) {
+		t.Errorf("the workspaces after a start: %q, want %q", keys, want)
+	}
+	for key, want := range map[string]string{"data": "old", "data.new": "new\n", "notes.img.new": "notes", "empty.img.new": ""} {
+		sess := create(sb, key)
+		if out := mustSh(t, sess, `cat /workspace/f 2>/dev/null; true`); out != want {
+			t.Errorf("key %s after a start: its file holds %q, want %q", key, out, want)
+		}
+		destroy(sess)
+	}
 }

@@ -419,7 +419,7 @@ func checkNoLeaks(t *testing.T, p *testProvider, ids []string, base baseline, op
 	if l := notPool(loopsUnder(t, p.opts.StateDir), pool); len(l) > 0 {
 		t.Errorf("loop devices left on files of the state directory: %v", l)
 	}
-	for _, glob := range []string{"disks/*", "workspaces/+mnt/*", "workspaces/*.new"} {
+	for _, glob := range []string{"disks/*", "workspaces/+mnt/*", "workspaces/*+new"} {
 		m, err := filepath.Glob(filepath.Join(p.root(), glob))
 		if err != nil {
 			t.Fatal(err)

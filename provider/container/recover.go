@@ -800,9 +800,10 @@ func (p *provider) reopenDisk(d *disk, mounted map[string]bool, persistent bool)
 // directory, in this process's mount namespace and the runtime's; the
 // loop devices whose backing file is under the provider's directory; the
 // ephemeral images (the pool's among them) and mount points; and the
-// images a workspace migration a crash interrupted left half made.
-// Workspace images are kept. What it cannot remove is logged; the next
-// start tries again.
+// images a workspace migration a crash interrupted left half made (see
+// migrateMark: a mount point or image is a key's by its exact name, so a
+// key ending in ".new" is never taken for one). Workspace images are
+// kept. What it cannot remove is logged; the next start tries again.
 func (p *provider) sweepDisks(keep, keepKeys map[string]bool) {
 	wsMnt := filepath.Join(p.perDir, wsMountDir)
 	kept := func(path string) bool {
@@ -825,7 +826,7 @@ func (p *provider) sweepDisks(keep, keepKeys map[string]bool) {
 		}
 		var out []string
 		for _, mp := range all {
-			if (filepath.Dir(mp) == p.diskDir || filepath.Dir(mp) == wsMnt) && !kept(strings.TrimSuffix(mp, ".new")) {
+			if (filepath.Dir(mp) == p.diskDir || filepath.Dir(mp) == wsMnt) && !kept(mp) {
 				out = append(out, mp)
 			}
 		}
@@ -874,15 +875,16 @@ func (p *provider) sweepDisks(keep, keepKeys map[string]bool) {
 	}
 	if entries, err := os.ReadDir(wsMnt); err == nil {
 		for _, e := range entries {
-			if path := filepath.Join(wsMnt, e.Name()); !kept(strings.TrimSuffix(path, ".new")) {
+			if path := filepath.Join(wsMnt, e.Name()); !kept(path) {
 				remove(path)
 			}
 		}
 	}
 	if entries, err := os.ReadDir(p.perDir); err == nil {
 		for _, e := range entries {
-			if strings.HasSuffix(e.Name(), migrateSuffix) {
-				remove(filepath.Join(p.perDir, e.Name()))
+			name := e.Name()
+			if e.Type().IsRegular() && (strings.HasSuffix(name, imageSuffix+migrateMark) || strings.HasSuffix(name, oldMigrateSuffix)) {
+				remove(filepath.Join(p.perDir, name))
 			}
 		}
 	}

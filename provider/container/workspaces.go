@@ -20,9 +20,20 @@ import (
 
 var _ kit.WorkspaceStore = (*provider)(nil)
 
-// migrateSuffix ends the name of a workspace image being made from a
-// plain directory; a crash leaves it, the next start removes it.
-const migrateSuffix = imageSuffix + ".new"
+// migrateMark ends the names of what a workspace's move from a plain
+// directory into an image makes under a name of its own: the image being
+// made (KEY.img+new) and its mount point (+mnt/KEY+new). No workspace key
+// holds a '+', so neither can be a key's directory, image or mount point;
+// a crash leaves them, the next start removes them.
+const migrateMark = "+new"
+
+// oldMigrateSuffix ended the name of the image being made by a migration
+// of an earlier version (KEY.img.new; its mount point was +mnt/KEY.new). A
+// key may end so too ("notes.img.new"): the start-up sweep removes only a
+// regular file of the name, which no key's plain directory is; a mount
+// point +mnt/NAME it removes unless NAME is the key of a session brought
+// back.
+const oldMigrateSuffix = imageSuffix + ".new"
 
 // wsImage is the image file of persistent workspace key.
 func (p *provider) wsImage(key string) string { return filepath.Join(p.perDir, key+imageSuffix) }
@@ -102,7 +113,7 @@ func (p *provider) openWorkspace(ctx context.Context, r *session, key string) (s
 // and renamed into place, so a crash leaves the directory or the image,
 // never half of one.
 func (p *provider) makeWorkspaceImage(ctx context.Context, d *disk, key, dir string, legacy bool) (err error) {
-	tmp := filepath.Join(p.perDir, key+migrateSuffix)
+	tmp := filepath.Join(p.perDir, key+imageSuffix+migrateMark)
 	os.Remove(tmp) // an earlier attempt's
 	if err := mkfs(ctx, tmp, p.disk, d.owner, true); err != nil {
 		return err
@@ -112,7 +123,7 @@ func (p *provider) makeWorkspaceImage(ctx context.Context, d *disk, key, dir str
 			os.Remove(tmp)
 		}
 	}()
-	mnt := d.mnt + ".new"
+	mnt := d.mnt + migrateMark
 	if err := os.Mkdir(mnt, 0o700); err != nil {
 		return fmt.Errorf("a mount point for the new image: %w", err)
 	}
