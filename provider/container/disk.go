@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox"
+	"github.com/tai42/sandbox/internal/sessionlock"
 	"github.com/tai42/sandbox/kit"
 )
 
@@ -68,6 +69,11 @@ type disk struct {
 	mnt   string // its mount point
 	loop  string // the loop device it was attached to, e.g. "loop3"
 	owner int    // the host uid (and gid) its directories are owned by
+	// lock is an ephemeral disk's lock, by its name, held from before its
+	// image is made until it is removed: another process starting on the
+	// state directory sweeps only the disks whose lock it can take (see
+	// sweepDisks). nil for a workspace image.
+	lock *sessionlock.Lock
 }
 
 // name is the disk's name in the disks directory (its image's base name
@@ -354,14 +360,22 @@ func (p *provider) closeDisk(d *disk, remove bool) error {
 			errs = append(errs, fmt.Errorf("the disk's image: %w", err))
 		}
 	}
+	if remove && len(errs) == 0 {
+		d.lock.Release(true)
+		d.lock = nil
+	}
 	return errors.Join(errs...)
 }
 
-// newDisk names a new disk in the disks directory; nothing of it exists
-// yet.
-func (p *provider) newDisk() *disk {
+// newDisk names a new disk in the disks directory and takes its lock;
+// nothing else of it exists yet.
+func (p *provider) newDisk() (*disk, error) {
 	name := newDiskName()
-	return &disk{img: filepath.Join(p.diskDir, name+imageSuffix), mnt: filepath.Join(p.diskDir, name), owner: p.rootUID()}
+	l, err := p.locks.Hold(name)
+	if err != nil {
+		return nil, fmt.Errorf("the disk's lock: %w", err)
+	}
+	return &disk{img: filepath.Join(p.diskDir, name+imageSuffix), mnt: filepath.Join(p.diskDir, name), owner: p.rootUID(), lock: l}, nil
 }
 
 // mountNewDisk attaches and mounts d's image, made already, at its mount
@@ -385,12 +399,17 @@ func (p *provider) mountNewDisk(d *disk) (err error) {
 // workspace directories in it, with a UUID of its own. On error nothing
 // of it is left.
 func (p *provider) makeEphemeralDisk() (_ *disk, err error) {
-	d := p.newDisk()
+	d, err := p.newDisk()
+	if err != nil {
+		return nil, err
+	}
 	if err := p.template.write(d.img); err != nil {
+		d.lock.Release(true)
 		return nil, err
 	}
 	if err := p.mountNewDisk(d); err != nil {
 		os.Remove(d.img)
+		d.lock.Release(true)
 		return nil, err
 	}
 	if !p.diskUUIDs {
@@ -410,7 +429,11 @@ func (p *provider) makeEphemeralDisk() (_ *disk, err error) {
 // runtime runs, given the directories a session's disk holds, unmounted
 // and read back.
 func (p *provider) makeDiskTemplate(ctx context.Context) (*diskTemplate, error) {
-	d := p.newDisk()
+	d, err := p.newDisk()
+	if err != nil {
+		return nil, err
+	}
+	defer d.lock.Release(true) // after the image's removal
 	if err := mkfs(ctx, d.img, p.disk, d.owner, false); err != nil {
 		return nil, err
 	}
@@ -418,7 +441,7 @@ func (p *provider) makeDiskTemplate(ctx context.Context) (*diskTemplate, error) 
 	if err := p.mountNewDisk(d); err != nil {
 		return nil, err
 	}
-	err := p.rt.do(func() error {
+	err = p.rt.do(func() error {
 		// The upper layer's top is the session's "/": 0755, as a root
 		// is; its /tmp is 1777, as a /tmp is.
 		for _, dir := range []struct {

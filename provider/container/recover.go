@@ -392,7 +392,12 @@ func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, 
 	// for their loop devices to let go and remove the ephemeral image.
 	// Recover's sweep kept them for this session.
 	if h.Disk != "" {
-		r.disk = &disk{img: filepath.Join(p.diskDir, h.Disk+imageSuffix), mnt: filepath.Join(p.diskDir, h.Disk), owner: p.rootUID()}
+		// Its lock is this process's now, as the session's is.
+		l, err := p.locks.Hold(h.Disk)
+		if err != nil {
+			return nil, fmt.Errorf("its disk: %w", err)
+		}
+		r.disk = &disk{img: filepath.Join(p.diskDir, h.Disk+imageSuffix), mnt: filepath.Join(p.diskDir, h.Disk), owner: p.rootUID(), lock: l}
 	}
 	if h.WSImage {
 		key := k.Spec.WorkspaceKey
@@ -794,8 +799,40 @@ func (p *provider) reopenDisk(d *disk, mounted map[string]bool, persistent bool)
 	return p.rt.do(func() error { return mountDisk(d.loop, d.mnt, persistent) })
 }
 
+// diskLocks sorts the ephemeral disks of the disks directory that no kept
+// session owns (keep) by their locks: theirs, whose lock another live
+// process holds (its sessions' disks and its pool's, which the sweep
+// leaves), and the locks of the others, which an earlier run left, taken
+// (ours) until the sweep has removed them.
+func (p *provider) diskLocks(keep map[string]bool) (theirs map[string]bool, ours []*sessionlock.Lock) {
+	theirs = map[string]bool{}
+	entries, err := os.ReadDir(p.diskDir)
+	if err != nil {
+		return theirs, nil
+	}
+	seen := map[string]bool{}
+	for _, e := range entries {
+		name := strings.TrimSuffix(e.Name(), imageSuffix)
+		if seen[name] || keep[name] || !validSessionID(name) {
+			continue
+		}
+		seen[name] = true
+		l, err := p.locks.Hold(name)
+		switch {
+		case errors.Is(err, sessionlock.ErrHeld):
+			theirs[name] = true
+		case err != nil:
+			p.log.Warn("container: cannot take the lock of a session disk an earlier run left; removing it all the same", "disk", name, "err", err)
+		default:
+			ours = append(ours, l)
+		}
+	}
+	return theirs, ours
+}
+
 // sweepDisks removes the disks an earlier run left that no kept session
-// owns (keep: ephemeral disks by name; keepKeys: workspace images by key):
+// owns (keep: ephemeral disks by name; keepKeys: workspace images by key)
+// and no other live process holds the lock of (see diskLocks):
 // their mounts under the disks directory and the workspaces' mount
 // directory, in this process's mount namespace and the runtime's; the
 // loop devices whose backing file is under the provider's directory; the
@@ -805,11 +842,18 @@ func (p *provider) reopenDisk(d *disk, mounted map[string]bool, persistent bool)
 // key ending in ".new" is never taken for one). Workspace images are
 // kept. What it cannot remove is logged; the next start tries again.
 func (p *provider) sweepDisks(keep, keepKeys map[string]bool) {
+	theirs, ours := p.diskLocks(keep)
+	defer func() {
+		for _, l := range ours {
+			l.Release(true)
+		}
+	}()
 	wsMnt := filepath.Join(p.perDir, wsMountDir)
 	kept := func(path string) bool {
 		switch filepath.Dir(path) {
 		case p.diskDir:
-			return keep[strings.TrimSuffix(filepath.Base(path), imageSuffix)]
+			name := strings.TrimSuffix(filepath.Base(path), imageSuffix)
+			return keep[name] || theirs[name]
 		case wsMnt:
 			return keepKeys[filepath.Base(path)]
 		case p.perDir:

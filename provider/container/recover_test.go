@@ -913,7 +913,9 @@ func TestRecoverImageReplaced(t *testing.T) {
 // TestRecoverLeavesLockedSessions: a provider starting on a state
 // directory another live provider uses (concurrent `tai42 run`s share
 // one) refuses to bring back a session whose lock the other holds, saying
-// so, and removes none of the other's sessions: they go on working.
+// so, and removes none of the other's sessions, nor their disks, nor its
+// pool's: they go on working, their disks mounted and on their loop
+// devices.
 func TestRecoverLeavesLockedSessions(t *testing.T) {
 	containertest.Require(t)
 	a := newProviderMode(t, "runc", container.UserNamespaceOff)
@@ -923,10 +925,19 @@ func TestRecoverLeavesLockedSessions(t *testing.T) {
 		mustSh(t, sess, `echo kept > /workspace/f && echo kept > /root-f`)
 		live = append(live, sess)
 	}
+	// Their disks and a's pool's (once full), as the host sees them.
+	if _, err := container.WaitDiskPool(ctxFor(t), a.sb); err != nil {
+		t.Fatal(err)
+	}
+	mounts, loops, imgs := hostMountsUnder(t, a.opts.StateDir), loopsUnder(t, a.opts.StateDir), a.images(t)
+	if len(imgs) < 2 {
+		t.Fatalf("the sessions' disks: %q, want one each", imgs)
+	}
 	// A provider of its own network manager (only such a one brings a
-	// session back) on a's state directory.
+	// session back) on a's state directory, and with no disk pool, whose
+	// disks would be counted among a's.
 	opts := recoverOptions(t, "runc", container.UserNamespaceOff)
-	opts.StateDir = a.opts.StateDir
+	opts.StateDir, opts.DiskPool = a.opts.StateDir, -1
 	p, err := container.NewBare(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -942,6 +953,15 @@ func TestRecoverLeavesLockedSessions(t *testing.T) {
 	}
 	if r := results[0]; r.Res != nil || r.Err == nil || !strings.Contains(r.Err.Error(), "another live process runs it") {
 		t.Errorf("a kept session another live provider holds: brought back %v, Err %v; want it refused, saying another process runs it", r.Res != nil, r.Err)
+	}
+	if now := hostMountsUnder(t, a.opts.StateDir); !slices.Equal(now, mounts) {
+		t.Errorf("the other provider's mounts: %q, were %q", now, mounts)
+	}
+	if now := loopsUnder(t, a.opts.StateDir); !slices.Equal(now, loops) {
+		t.Errorf("the other provider's loop devices: %q, were %q", now, loops)
+	}
+	if now := a.images(t); !slices.Equal(now, imgs) {
+		t.Errorf("the other provider's disk images: %q, were %q", now, imgs)
 	}
 	for _, sess := range live {
 		if out := mustSh(t, sess, `cat /workspace/f /root-f`); out != "kept\nkept\n" {
