@@ -471,6 +471,19 @@ func checkNoLeaks(t *testing.T, p *testProvider, ids []string, base baseline, op
 		t.Errorf("the nftables table changed: %s, was %s", now, base.nft)
 	}
 
+	// Locks: a session's and a disk's go with them (the pool's disks
+	// alone may hold theirs, while open).
+	locks, err := filepath.Glob(filepath.Join(p.root(), "locks", "*.lock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range locks {
+		name := strings.TrimSuffix(filepath.Base(l), ".lock")
+		if len(notPool([]string{filepath.Join(p.root(), "disks", name)}, pool)) > 0 {
+			t.Errorf("lock file left: %s", l)
+		}
+	}
+
 	// Bundles: overlays, workspaces, configs, sockets.
 	entries, err := os.ReadDir(p.sessionsDir())
 	if err != nil {
