@@ -28,8 +28,20 @@ func ServeFD(ctx context.Context, fd int, logger *slog.Logger) error {
 		return fmt.Errorf("agent: fd %d is not a listening socket: %w", fd, err)
 	}
 	defaultSignalsForCommands()
+	survivePipeErrors()
 	reserveThreads(reservedThreads)
 	return Serve(ctx, ln, Options{ReapAll: os.Getpid() == 1, Logger: logger})
+}
+
+// survivePipeErrors makes a write to a pipe without a reader fail with
+// EPIPE here, on every descriptor: by default Go ends the process with
+// SIGPIPE when it is stdout or stderr. The container provider gives its
+// sessions' PID 1 a pipe it drains as stdout and stderr, whose reader is
+// gone once its process ends while kept sessions run on: a warning logged
+// then must not end the session. A caught signal is reset to its default
+// in the commands this process starts.
+func survivePipeErrors() {
+	signal.Notify(swallowed, syscall.SIGPIPE)
 }
 
 // reservedThreads is how many OS threads the agent makes at its start.
@@ -61,8 +73,8 @@ func reserveThreads(n int) {
 var childSignals = []os.Signal{syscall.SIGINT, syscall.SIGQUIT, syscall.SIGHUP, syscall.SIGTERM,
 	syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGALRM, syscall.SIGPIPE, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU}
 
-// swallowed receives the signals this process ignored at the start; nobody
-// reads it (signal.Notify never blocks on a full channel), so they stay
+// swallowed receives the signals this process ignored at the start, and
+// SIGPIPE (see survivePipeErrors); nobody reads it (signal.Notify never blocks on a full channel), so they stay
 // without effect here.
 var swallowed = make(chan os.Signal, 1)
 

@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(pid1Env) == "1" {
 		os.Exit(runPID1Agent())
 	}
+	if sock := os.Getenv(brokenStdioEnv); sock != "" {
+		os.Exit(runBrokenStdioAgent(sock))
+	}
 	goleak.VerifyTestMain(m)
 }
 

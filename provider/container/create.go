@@ -121,11 +121,11 @@ type creation struct {
 	lowers      []string // its lower layers, lowest first: the image's, or their idmapped views
 	binds       []bind
 	resolvConf  string
-	sysfsDir    string   // where the session's sysfs is mounted; "": none
-	listener    *os.File // the agent's listening socket, handed to the container
-	netns       *os.File // the session's network namespace, joined by the runtime
-	netnsSysfs  int      // a sysfs of that namespace, to attach; -1: none
-	log         *os.File // the runtime's log
+	sysfsDir    string    // where the session's sysfs is mounted; "": none
+	listener    *os.File  // the agent's listening socket, handed to the container
+	netns       *os.File  // the session's network namespace, joined by the runtime
+	netnsSysfs  int       // a sysfs of that namespace, to attach; -1: none
+	stdio       *stdioLog // the container's stdout and stderr
 
 	seccompKey   [32]byte // the config's seccomp profile (crun)
 	learnSeccomp bool     // keep the program crun compiles for it
@@ -161,7 +161,7 @@ func (p *provider) createFault(id string) func(step string) error {
 
 // closeTemps closes what the create held for itself alone.
 func (c *creation) closeTemps() {
-	for _, f := range []*os.File{c.listener, c.netns, c.log} {
+	for _, f := range []*os.File{c.listener, c.netns} {
 		if f != nil {
 			f.Close()
 		}
@@ -172,7 +172,7 @@ func (c *creation) closeTemps() {
 }
 
 // bundle makes the session's bundle directory: its config, root overlay,
-// agent socket, runtime log, and (ephemeral, uncapped) its workspace.
+// agent socket, and (ephemeral, uncapped) its workspace.
 func (c *creation) bundle() (undo.Func, error) {
 	if err := os.Mkdir(c.r.dir, 0o700); err != nil {
 		return nil, err
@@ -545,14 +545,16 @@ func (c *creation) spec() (undo.Func, error) {
 	return nil, writeSpec(r.dir, s)
 }
 
-// openLog opens the runtime's log in the bundle.
+// openLog makes the container's stdout and stderr, drained by this
+// process (see stdioLog); its undo, once the container is gone, stops the
+// drain.
 func (c *creation) openLog() (undo.Func, error) {
 	var err error
-	if c.log, err = os.OpenFile(filepath.Join(c.r.dir, "log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
-		c.log = nil
+	if c.stdio, err = newStdioLog(); err != nil {
 		return nil, err
 	}
-	return nil, nil
+	l := c.stdio
+	return func(context.Context) error { l.close(); return nil }, nil
 }
 
 // container runs the container, its PID 1 the agent. Its undo is pushed
@@ -560,7 +562,7 @@ func (c *creation) openLog() (undo.Func, error) {
 // container in the runtime's state, and its cgroup.
 func (c *creation) container() (undo.Func, error) {
 	r, p := c.r, c.p
-	if err := p.rt.run(c.ctx, c.req.ID, r.dir, c.log, c.listener, p.userns != nil); err != nil {
+	if err := p.rt.run(c.ctx, c.req.ID, r.dir, c.stdio, c.listener, p.userns != nil); err != nil {
 		return r.removeContainer, p.diskFull(r, err)
 	}
 	if c.learnSeccomp {
@@ -603,9 +605,10 @@ func (c *creation) agent() (undo.Func, error) {
 	pctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 	defer cancel()
 	if err := r.agent.Ping(pctx); err != nil {
-		msg := tail(c.log.Name(), 2048)
+		msg := c.stdio.text(2048)
 		return nil, c.p.diskFull(r, fmt.Errorf("the session's agent did not answer: %w%s", err, ifNotEmpty("; its log: ", msg)))
 	}
+	c.stdio.settle()
 	return nil, nil
 }
 

@@ -71,7 +71,7 @@ func (rt *ociRuntime) do(fn func() error) error {
 	return fn()
 }
 
-// command runs the runtime with args, its output going to log. extra are
+// command runs the runtime with args, its output going to out. extra are
 // files the container inherits from fd 3 on. With ownKeyring the runtime
 // starts with a new, empty session keyring (see run). tmp is the
 // directory the runtime makes its temporary files in: the session's
@@ -83,15 +83,17 @@ func (rt *ociRuntime) do(fn func() error) error {
 // between (a create cancelled) leaves the file. In the bundle, the
 // session's destroy or the next start's sweep removes it with the rest;
 // in the host's /tmp nothing would.
-func (rt *ociRuntime) command(ctx context.Context, tmp string, log *os.File, extra []*os.File, ownKeyring bool, args ...string) error {
+func (rt *ociRuntime) command(ctx context.Context, tmp string, out *stdioLog, extra []*os.File, ownKeyring bool, args ...string) error {
 	var errBuf bytes.Buffer
 	cmd := exec.CommandContext(ctx, rt.bin, append([]string{"--root", rt.root}, args...)...)
 	cmd.Env = append(os.Environ(), "_LIBCONTAINER_STATEDIR="+tmp)
 	cmd.ExtraFiles = extra
-	if log != nil {
-		// The container's PID 1 inherits these: a file, not a pipe, so
-		// that our wait is not held by a process that outlives the call.
-		cmd.Stdout, cmd.Stderr = log, log
+	if out != nil {
+		// The container's PID 1 inherits these: a pipe's end of our own
+		// (an *os.File), not one exec makes, so that our wait is not held
+		// by a process that outlives the call.
+		cmd.Stdout, cmd.Stderr = out.w, out.w
+		defer out.handedOn()
 	} else {
 		cmd.Stdout, cmd.Stderr = &errBuf, &errBuf
 	}
@@ -128,8 +130,8 @@ func (rt *ociRuntime) command(ctx context.Context, tmp string, log *os.File, ext
 		return nil
 	}
 	msg := strings.TrimSpace(errBuf.String())
-	if log != nil {
-		msg = tail(log.Name(), 2048)
+	if out != nil {
+		msg = out.text(2048)
 	}
 	if msg == "" {
 		return fmt.Errorf("%s %s: %w", rt.name, args[0], err)
@@ -149,12 +151,12 @@ func (rt *ociRuntime) command(ctx context.Context, tmp string, log *os.File, ext
 // host root; both runtimes get the same here.) Nothing in a session
 // reaches a keyring anyway: the seccomp profile refuses keyctl, add_key
 // and request_key.
-func (rt *ociRuntime) run(ctx context.Context, id, bundle string, log, listener *os.File, remapped bool) error {
+func (rt *ociRuntime) run(ctx context.Context, id, bundle string, out *stdioLog, listener *os.File, remapped bool) error {
 	args := []string{"run", "--detach", "--preserve-fds", "1", "--bundle", bundle, "--pid-file", filepath.Join(bundle, initPidFile)}
 	if remapped {
 		args = append(args, "--no-new-keyring")
 	}
-	return rt.command(ctx, bundle, log, []*os.File{listener}, remapped, append(args, id)...)
+	return rt.command(ctx, bundle, out, []*os.File{listener}, remapped, append(args, id)...)
 }
 
 // initPidFile, in a session's bundle, holds its container's PID 1 as this
@@ -177,19 +179,4 @@ func (rt *ociRuntime) close() {
 	if rt.ns != nil {
 		rt.ns.Close()
 	}
-}
-
-// tail is the end of file name, for error messages.
-func tail(name string, n int64) string {
-	f, err := os.Open(name)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.Size() > n {
-		_, _ = f.Seek(fi.Size()-n, 0)
-	}
-	b := make([]byte, n)
-	k, _ := f.Read(b)
-	return strings.TrimSpace(string(b[:k]))
 }
