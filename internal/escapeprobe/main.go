@@ -80,6 +80,12 @@
 //	                 refuses), quotactl(Q_SYNC) of every filesystem and
 //	                 quotactl_fd(Q_GETINFO) of PATH's (detail: each one's
 //	                 errno; ok when any succeeded)
+//	inotify N:DIR    inotify_init1 until it fails, as root and then as
+//	                 uids 1 to N-1 in turn (each a user of its own in the
+//	                 kernel's per-user counts), holding every instance;
+//	                 write the detail to DIR/held, wait (20 s at most) for
+//	                 DIR/release, then close them (detail: root=N others=N
+//	                 total=N err=ERRNO; ok when any opened)
 package main
 
 import (
@@ -154,6 +160,7 @@ func init() {
 		"clone3":        {"", clone3},
 		"personality":   {"VALUE", personality},
 		"fsadmin":       {"PATH", fsAdmin},
+		"inotify":       {"N:DIR", inotifyHold},
 	}
 }
 
@@ -857,4 +864,59 @@ func fsAdmin(path string) result {
 	_, _, errno = unix.Syscall6(unix.SYS_QUOTACTL_FD, uintptr(fd), quotaGetInfoUser, 0, uintptr(unsafe.Pointer(&info)), 0, 0)
 	a.add("quotactl_fd-info", errnoErr(errno))
 	return a.result()
+}
+
+// inotifyHold opens inotify instances until the kernel refuses, as root
+// and as other users, and holds them until DIR/release exists.
+func inotifyHold(arg string) result {
+	n, dir, ok := strings.Cut(arg, ":")
+	users, err := strconv.Atoi(n)
+	if !ok || err != nil || users < 1 {
+		usage("inotify wants N:DIR, N a count of users")
+	}
+	var fds []int
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	var last error
+	open := func() int {
+		n := 0
+		for {
+			fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+			if err != nil {
+				last = err
+				return n
+			}
+			fds = append(fds, fd)
+			n++
+		}
+	}
+	root := open()
+	// Another effective uid on this thread alone (the raw call, not Go's
+	// all-threads one); back to root after.
+	runtime.LockOSThread()
+	others := 0
+	for uid := 1; uid < users; uid++ {
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), uintptr(uid), ^uintptr(0)); e != 0 {
+			last = e
+			break
+		}
+		others += open()
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), 0, ^uintptr(0)); e != 0 {
+			return single(e, "cannot become root again")
+		}
+	}
+	runtime.UnlockOSThread()
+	detail := fmt.Sprintf("root=%d others=%d total=%d err=%s", root, others, root+others, errName(last))
+	if err := os.WriteFile(filepath.Join(dir, "held"), []byte(detail), 0o644); err != nil {
+		return single(err, detail)
+	}
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(dir, "release")); err == nil {
+			break
+		}
+	}
+	return result{OK: root+others > 0, Err: errName(last), Detail: detail}
 }

@@ -355,6 +355,10 @@ type provider struct {
 	seccomp   seccompCache
 	closeOnce sync.Once
 
+	// userLimits are, when remapped, each session's user namespace's
+	// limits (see limitsHook).
+	userLimits []string
+
 	fenceMu  sync.Mutex
 	opFences operatorFences // guarded by fenceMu
 

@@ -523,6 +523,7 @@ func (c *creation) spec() (undo.Func, error) {
 	r, p := c.r, c.p
 	s := buildSpec(specInput{
 		remap:       p.userns != nil,
+		limits:      p.sessionUserLimits(),
 		tmpfs:       r.disk == nil,
 		sysfs:       c.sysfsDir,
 		rootfs:      r.rootfs,

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -154,3 +155,15 @@ var (
 
 // DefaultAgent is defaultAgent, for the test of where the agent comes from.
 var DefaultAgent = defaultAgent
+
+// SessionLimit is the limit of a remapped session of sb's provider on the
+// per-user count name (a file of /proc/sys/user); 0: none.
+func SessionLimit(sb *kit.Sandbox, name string) int64 {
+	for _, l := range sb.Provider().(*provider).userLimits {
+		if k, v, _ := strings.Cut(l, "="); k == name {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}

@@ -83,8 +83,12 @@ func (p *provider) setupUserNS(mode UserNamespaceMode) error {
 		p.log.Warn("container: sessions run without a user namespace: root in a session is root on the host", "reason", err.Error())
 		return nil
 	}
+	if p.userLimits, err = userLimits(); err != nil {
+		ns.Close()
+		return fmt.Errorf("the sessions' limits: %w", err)
+	}
 	p.userns = ns
-	p.log.Info("container: sessions run in a user namespace", "uid_base", UserNamespaceBase, "size", UserNamespaceSize)
+	p.log.Info("container: sessions run in a user namespace", "uid_base", UserNamespaceBase, "size", UserNamespaceSize, "limits", strings.Join(p.userLimits, " "))
 	return nil
 }
 
