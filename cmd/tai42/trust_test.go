@@ -119,15 +119,15 @@ func TestStateDirParents(t *testing.T) {
 func TestTokenFileTrust(t *testing.T) {
 	needRoot(t)
 	dir := t.TempDir()
-	real := filepath.Join(dir, "real")
-	if err := os.WriteFile(real, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if tok, err := readTokenFile(real); err != nil || tok != "0123456789abcdef0123" {
+	if tok, err := readTokenFile(file); err != nil || tok != "0123456789abcdef0123" {
 		t.Fatalf("a token file of root's, 0600: %q %v", tok, err)
 	}
 	link := filepath.Join(dir, "link")
-	if err := os.Symlink(real, link); err != nil {
+	if err := os.Symlink(file, link); err != nil {
 		t.Fatal(err)
 	}
 	_, err := readTokenFile(link)

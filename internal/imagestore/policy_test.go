@@ -32,7 +32,7 @@ func probeTargets(t *testing.T) (hosts []string, hits *atomic.Int64) {
 		http.NotFound(w, r)
 	}))
 	t.Cleanup(notFound.Close)
-	hello := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	hello := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		hits.Add(1)
 		_, _ = w.Write([]byte("hello"))
 	}))
@@ -191,7 +191,7 @@ func TestPullUnreachableKeepsRegistryAnswers(t *testing.T) {
 // proxy is asked; the proxy itself, the operator's, is reached.
 func TestPullProxyBlocked(t *testing.T) {
 	var hits atomic.Int64
-	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		hits.Add(1)
 		http.Error(w, "no", http.StatusBadGateway)
 	}))

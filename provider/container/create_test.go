@@ -142,7 +142,7 @@ func inOrder(sub, seq []string) bool {
 // it and then exits 1, while the test's flag file exists.
 func TestCreateRuntimeFailsAfterRun(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T, rt string) {
-		real, err := exec.LookPath(rt)
+		realBin, err := exec.LookPath(rt)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,7 +157,7 @@ if [ "$3" = run ] && [ -e %q ]; then
 	exit 1
 fi
 exit $rc
-`, real, flag)
+`, realBin, flag)
 		if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 			t.Fatal(err)
 		}
