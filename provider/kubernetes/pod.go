@@ -29,6 +29,33 @@ func podResources(spec sandbox.SessionSpec) corev1.ResourceRequirements {
 	return corev1.ResourceRequirements{Requests: rl.DeepCopy(), Limits: rl}
 }
 
+// diskLimit adds the session's cap on its node's disk to rr: an
+// ephemeral-storage limit of DiskMB (DefaultDiskMB when 0), none with
+// DiskOff. The request is an explicit 0, since one left out defaults to
+// the limit: the scheduler would then reserve the whole cap on the node
+// for every session (and place none on a node that reports no ephemeral
+// storage), where the cap is a bound on what a session may use, not a
+// share it is promised.
+func (p *provider) diskLimit(rr corev1.ResourceRequirements) corev1.ResourceRequirements {
+	if p.opts.DiskOff {
+		return rr
+	}
+	mb := p.opts.DiskMB
+	if mb == 0 {
+		mb = DefaultDiskMB
+	}
+	rr = *rr.DeepCopy()
+	if rr.Limits == nil {
+		rr.Limits = corev1.ResourceList{}
+	}
+	if rr.Requests == nil {
+		rr.Requests = corev1.ResourceList{}
+	}
+	rr.Limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(int64(mb)<<20, resource.BinarySI)
+	rr.Requests[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(0, resource.BinarySI)
+	return rr
+}
+
 // milliCPU is cpu in millicores, rounded up (a cap never below what was
 // asked), except that a cpu within float error of a whole millicore is
 // that millicore: 2.007*1000 is 2007.0000000000002, not 2008.
@@ -111,7 +138,9 @@ func (p *provider) buildPod(r kit.Record, pvc string) (*corev1.Pod, error) {
 					{Name: volumeAgent, MountPath: agentDir, ReadOnly: true},
 					{Name: volumeWorkspace, MountPath: workspaceDir},
 				},
-				Resources:       podResources(r.Spec),
+				// The kubelet counts the Pod's emptyDirs (the workspace)
+				// against the sum of its containers' limits: this one's.
+				Resources:       p.diskLimit(podResources(r.Spec)),
 				SecurityContext: p.restricted(),
 			}},
 			Volumes: []corev1.Volume{

@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"encoding/json"
+	"errors"
 	"k8s.io/client-go/kubernetes/fake"
 	"strings"
 	"testing"
@@ -96,8 +97,8 @@ func TestPodSpec(t *testing.T) {
 	if cpu.Cmp(resource.MustParse("500m")) != 0 || mem.Cmp(resource.MustParse("64Mi")) != 0 {
 		t.Errorf("limits %v", c.Resources.Limits)
 	}
-	for k, v := range c.Resources.Limits {
-		if rq := c.Resources.Requests[k]; rq.Cmp(v) != 0 {
+	for _, k := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		if rq, v := c.Resources.Requests[k], c.Resources.Limits[k]; rq.Cmp(v) != 0 {
 			t.Errorf("request %s %v != limit %v", k, rq, v)
 		}
 	}
@@ -154,6 +155,50 @@ func TestPodPersistentAndVM(t *testing.T) {
 	}
 	if p.Isolation() != sandbox.IsolationVM || testProvider(Options{}).Isolation() != sandbox.IsolationContainer {
 		t.Error("Isolation")
+	}
+}
+
+// TestPodDiskLimit: the session's container has an ephemeral-storage
+// limit (its writable layer, its logs and its emptyDir workspace count
+// against it), so one session cannot fill its node's disk and get the
+// node's other Pods evicted; of DefaultDiskMB unless set, none with
+// DiskOff. Its request is an explicit 0: a request left out would be
+// defaulted to the limit, and the scheduler would then reserve 10 GiB of
+// the node's disk per session (none at all on a node that reports no
+// ephemeral storage).
+func TestPodDiskLimit(t *testing.T) {
+	for _, tc := range []struct {
+		opts Options
+		want string // "": no limit
+	}{
+		{Options{}, "10Gi"},
+		{Options{DiskMB: 512}, "512Mi"},
+		{Options{DiskOff: true}, ""},
+	} {
+		pod, err := testProvider(tc.opts).buildPod(testRecord(), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := pod.Spec.Containers[0]
+		lim, hasLim := c.Resources.Limits[corev1.ResourceEphemeralStorage]
+		req, hasReq := c.Resources.Requests[corev1.ResourceEphemeralStorage]
+		switch {
+		case tc.want == "" && (hasLim || hasReq):
+			t.Errorf("DiskOff: ephemeral-storage limit %v request %v, want none", lim.String(), req.String())
+		case tc.want != "" && (!hasLim || lim.Cmp(resource.MustParse(tc.want)) != 0):
+			t.Errorf("DiskMB %d: ephemeral-storage limit %v (set: %v), want %s", tc.opts.DiskMB, lim.String(), hasLim, tc.want)
+		case tc.want != "" && (!hasReq || !req.IsZero()):
+			t.Errorf("DiskMB %d: ephemeral-storage request %v (set: %v), want an explicit 0", tc.opts.DiskMB, req.String(), hasReq)
+		}
+		// The limit leaves cpu and memory as they were: requests = limits.
+		cpu, mem := c.Resources.Limits[corev1.ResourceCPU], c.Resources.Requests[corev1.ResourceMemory]
+		if cpu.Cmp(resource.MustParse("500m")) != 0 || mem.Cmp(resource.MustParse("64Mi")) != 0 {
+			t.Errorf("DiskMB %d: resources %+v", tc.opts.DiskMB, c.Resources)
+		}
+	}
+	var se *SetupError
+	if _, err := New(Options{AgentImage: "x", DiskMB: -1}); !errors.As(err, &se) || se.Check != CheckOptions || !strings.Contains(err.Error(), "DiskMB") {
+		t.Errorf("DiskMB -1: %v, want a SetupError of the options naming DiskMB", err)
 	}
 }
 

@@ -27,6 +27,7 @@ import (
 const (
 	DefaultPodUser       = "65532:65532"
 	DefaultCreateTimeout = 2 * time.Minute
+	DefaultDiskMB        = 10240
 	// setupTimeout bounds each of New's checks of the cluster.
 	setupTimeout = 10 * time.Second
 )
@@ -73,6 +74,20 @@ type Options struct {
 	// WorkspaceSize is each persistent workspace's PVC request; "" is
 	// DefaultWorkspaceSize.
 	WorkspaceSize string
+	// DiskMB caps what a session may write to its node's disk, in MiB:
+	// the ephemeral-storage limit of the session's container, which its
+	// writable layer, its logs and its emptyDir workspace count against
+	// (a persistent workspace is a PVC of WorkspaceSize, not counted). The
+	// kubelet evicts a session past it: its Pod fails, and the session
+	// with it. Nothing is requested: the scheduler reserves no disk for a
+	// session. 0 means [DefaultDiskMB] (10 GiB, the container provider's
+	// default cap); a negative value is an error of New. Turning the cap
+	// off is DiskOff's, never a silent default.
+	DiskMB int
+	// DiskOff gives session Pods no ephemeral-storage limit: a session
+	// may fill its node's disk, and the kubelet then evicts Pods of the
+	// node, other sessions' among them.
+	DiskOff bool
 	// RESTConfig, when set, is used instead of loading Kubeconfig (tests).
 	RESTConfig *rest.Config
 }
@@ -357,6 +372,9 @@ func newProvider(opts Options) (*provider, error) {
 	uid, gid, err := parsePodUser(opts.PodUser)
 	if err != nil {
 		return nil, &SetupError{Check: CheckOptions, Message: err.Error()}
+	}
+	if opts.DiskMB < 0 {
+		return nil, &SetupError{Check: CheckOptions, Message: fmt.Sprintf("DiskMB %d must not be negative: 0 means the default cap on a session's disk (%d MiB), DiskOff turns the cap off", opts.DiskMB, DefaultDiskMB)}
 	}
 	if opts.CreateTimeout <= 0 {
 		opts.CreateTimeout = DefaultCreateTimeout
