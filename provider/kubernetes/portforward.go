@@ -631,6 +631,20 @@ func (t *tunnel) dropConnection() {
 	}
 }
 
+// dropConnectionOf closes c, if it is still the tunnel's connection, as
+// its loss would: every conn on it fails, the next Dial reconnects.
+func (t *tunnel) dropConnectionOf(c httpstream.Connection) {
+	t.mu.Lock()
+	if t.conn != c {
+		t.mu.Unlock()
+		return
+	}
+	raw := t.raw
+	t.conn, t.raw = nil, nil
+	t.mu.Unlock()
+	pfHardClose(c, raw)
+}
+
 // upgrade makes the port-forward request and upgrades it to SPDY. The
 // TCP connection it dials is closed if ctx ends before the upgrade did:
 // client-go's SPDY round tripper reads the response without a deadline.
@@ -815,11 +829,26 @@ func (tc *tunnelConn) err() error {
 
 // readErrors reads the error stream to its end: the server writes there
 // why it could not forward (nothing listens on the port, ...).
+//
+// A failed forward ends the SPDY connection too. What the client wrote
+// to the data stream before the failure came (an agent request goes out
+// at once: no reply says a forward was made) is never read on the server
+// side, and a streaming server that half-closes rather than resets the
+// streams of a failed forward (containerd 1.6's, older than the kubelet's
+// own) keeps it: its frame holds the one of the connection's five
+// spdystream frame workers that serves that stream id, and the stream's
+// reset waits behind it. Every stream whose id falls to a held worker is
+// never answered, so after a few failed forwards (the agent of a Pod that
+// runs before its agent listens) no stream could be made on the
+// connection at all. The next Dial connects anew.
 func (tc *tunnelConn) readErrors() {
 	defer tc.t.wg.Done()
 	b, _ := io.ReadAll(io.LimitReader(tc.es, 64<<10))
 	tc.errMsg = string(b)
 	close(tc.errDone)
+	if tc.errMsg != "" {
+		tc.t.dropConnectionOf(tc.c)
+	}
 }
 
 // pump drains the data stream into buf.

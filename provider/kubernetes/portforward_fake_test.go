@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,8 +23,11 @@ import (
 	"time"
 
 	"github.com/tai42/sandbox/internal/agent"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/cri-streaming/pkg/streaming/portforward"
+	"k8s.io/streaming/pkg/httpstream"
+	httpstreamspdy "k8s.io/streaming/pkg/httpstream/spdy"
 )
 
 // A fake apiserver for the tunnel's tests without a cluster: it serves
@@ -36,9 +40,12 @@ type fakeAPI struct {
 	srv       *httptest.Server
 	agentAddr string
 	oldAddr   string // an agent of a tai42 before op "mux" (oldAgentPort)
-	refused   string
-	dir       string
-	stop      func()
+	// late is the agent lateAgentPort forwards to once set; until then
+	// nothing listens there, as in a Pod running before its agent does.
+	late    atomic.Pointer[string]
+	refused string
+	dir     string
+	stop    func()
 	// stopped ends every forward still copying: the kubelet's server
 	// hands PortForward a background context, and a stream whose
 	// connection died while one of its frame workers was blocked is
@@ -46,12 +53,22 @@ type fakeAPI struct {
 	mu       sync.Mutex
 	stopped  chan struct{}
 	forwards sync.WaitGroup
+	// unread are the data streams of containerd 1.6's failed forwards,
+	// reset when the fake stops (see serveContainerd16).
+	unread []httpstream.Stream
 }
 
 const fakePod = "tai42-fake"
 
+// fakePodContainerd16's port-forwards are served as containerd 1.6's
+// streaming server serves them (see serveContainerd16).
+const fakePodContainerd16 = "tai42-fake-containerd16"
+
 // oldAgentPort is forwarded to an agent that does not know op "mux".
 const oldAgentPort = 7422
+
+// lateAgentPort is forwarded to fakeAPI.late's agent once it is set.
+const lateAgentPort = 7423
 
 func newFakeAPI(t testing.TB) *fakeAPI {
 	t.Helper()
@@ -76,6 +93,10 @@ func newFakeAPI(t testing.TB) *fakeAPI {
 	f.oldAddr = oldAgent(t, f.agentAddr)
 	mux := http.NewServeMux()
 	mux.HandleFunc("/api/v1/namespaces/{ns}/pods/{pod}/portforward", func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("pod") == fakePodContainerd16 {
+			f.serveContainerd16(w, r)
+			return
+		}
 		if r.PathValue("pod") != fakePod {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusNotFound)
@@ -92,6 +113,9 @@ func newFakeAPI(t testing.TB) *fakeAPI {
 	f.stop = func() {
 		f.mu.Lock()
 		close(f.stopped)
+		for _, s := range f.unread {
+			_ = s.Reset()
+		}
 		f.mu.Unlock()
 		f.killConns()
 		f.forwards.Wait()
@@ -150,6 +174,10 @@ func (f *fakeAPI) PortForward(ctx context.Context, _ string, _ string, port int3
 		addr = f.agentAddr
 	case oldAgentPort:
 		addr = f.oldAddr
+	case lateAgentPort:
+		if a := f.late.Load(); a != nil {
+			addr = *a
+		}
 	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
@@ -184,6 +212,63 @@ func (f *fakeAPI) PortForward(ctx context.Context, _ string, _ string, port int3
 		<-finished
 	}
 	return nil
+}
+
+// serveContainerd16 serves a port-forward as containerd 1.6's streaming
+// server does (Debian 12's containerd, the harness cluster's), whose copy
+// of the kubelet's server predates the kubelet's resetting the streams of
+// a failed forward: it writes why on the error stream and half-closes
+// both. What the client wrote to the data stream then stays unread, and
+// its frame holds the one of the connection's five spdystream frame
+// workers that serves that stream (and every stream whose id falls to
+// it), for as long as the connection lives: the client's reset of the
+// stream is queued behind it. The fake resets those streams when it stops
+// (containerd never does), so that its workers end.
+func (f *fakeAPI) serveContainerd16(w http.ResponseWriter, r *http.Request) {
+	if _, err := httpstream.Handshake(r, w, []string{portForwardProtocol}); err != nil {
+		return
+	}
+	streams := make(chan httpstream.Stream, 16)
+	conn := httpstreamspdy.NewResponseUpgrader().UpgradeResponse(w, r, func(s httpstream.Stream, _ <-chan struct{}) error {
+		streams <- s
+		return nil
+	})
+	if conn == nil {
+		return
+	}
+	defer conn.Close()
+	pairs := map[string][2]httpstream.Stream{} // error, data
+	for {
+		select {
+		case <-conn.CloseChan():
+			return
+		case s := <-streams:
+			id := s.Headers().Get(corev1.PortForwardRequestIDHeader)
+			p := pairs[id]
+			if s.Headers().Get(corev1.StreamType) == corev1.StreamTypeError {
+				p[0] = s
+			} else {
+				p[1] = s
+			}
+			pairs[id] = p
+			if p[0] != nil && p[1] != nil {
+				delete(pairs, id)
+				go f.forwardContainerd16(p[0], p[1])
+			}
+		}
+	}
+}
+
+func (f *fakeAPI) forwardContainerd16(es, ds httpstream.Stream) {
+	defer ds.Close()
+	defer es.Close()
+	port, _ := strconv.Atoi(ds.Headers().Get(corev1.PortHeader))
+	if err := f.PortForward(context.Background(), fakePodContainerd16, "uid", int32(port), ds); err != nil {
+		f.mu.Lock()
+		f.unread = append(f.unread, ds)
+		f.mu.Unlock()
+		fmt.Fprintf(es, "error forwarding port %d to pod %s, uid uid: %v", port, fakePodContainerd16, err)
+	}
 }
 
 // oldAgent serves, until t ends, an agent as a tai42 before op "mux" was:
@@ -256,6 +341,36 @@ func pfRunIn(ctx context.Context, c *agent.Client, dir string, stdin []byte, arg
 	mu.Lock()
 	defer mu.Unlock()
 	return out.String(), p.Result(), nil
+}
+
+// TestTunnelAgentLate: a Pod runs before its agent listens, and the pings
+// made meanwhile fail (the forward refused); once the agent listens, the
+// next ping through the same tunnel answers. On containerd 1.6 each
+// failed forward left the request written to its data stream unread,
+// holding one of the SPDY connection's five frame workers on the server
+// (see serveContainerd16); once every worker was held, no stream could
+// be made on the connection, and every ping after the agent started
+// timed out (TestTunnel's "the agent of pod ... does not answer").
+func TestTunnelAgentLate(t *testing.T) {
+	f := newFakeAPI(t)
+	tun := f.tunnel(t, fakePodContainerd16, lateAgentPort)
+	cl := &agent.Client{Dial: tun.Dial}
+	for i := range 12 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := cl.Ping(ctx)
+		cancel()
+		var te *TunnelError
+		if !errors.As(err, &te) || !strings.Contains(err.Error(), "connection refused") {
+			t.Fatalf("ping %d before the agent listens: %v, want the forward refused", i, err)
+		}
+	}
+	f.late.Store(&f.agentAddr)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := cl.Ping(ctx); err != nil {
+		t.Fatalf("the first ping once the agent listens: %v after %v", err, time.Since(start))
+	}
 }
 
 func TestTunnelFake(t *testing.T) {

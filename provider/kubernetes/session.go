@@ -80,11 +80,11 @@ func (r *session) connect(ctx context.Context) error {
 	var client *agent.Client
 	var err error
 	for delay := 2 * time.Millisecond; ; delay = min(delay*2, 100*time.Millisecond) {
-		// A fresh connection for each attempt until one is answered: a
-		// forward the kubelet could not make (the agent not listening
-		// yet) leaves the request written to it unread, which blocks one
-		// of the kubelet's SPDY frame workers for the connection's life,
-		// and with it every later stream that hashes to that worker.
+		// A fresh tunnel for each attempt until one is answered, so that
+		// nothing of a failed attempt's is kept. (A forward the runtime
+		// could not make, the agent not listening yet, can leave the
+		// connection unable to carry streams; the tunnel drops such a
+		// connection itself: see tunnelConn.readErrors.)
 		r.tun = newTunnel(r.p.cfg, r.p.ns, r.pod, AgentPort)
 		client = &agent.Client{Dial: r.tun.Dial}
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
