@@ -315,7 +315,12 @@ func restConfig(opts Options) (*rest.Config, string, error) {
 
 // permissions are every verb the provider (and its ledger, sweeper,
 // workspaces and network policies) uses, checked at New so that a
-// forbidden one is named then, not at some later create.
+// forbidden one is named then, not at some later create. The README's Role
+// grants exactly these and nothing more (TestReadmeRBACIsWhatTheProviderUses),
+// and the provider's requests stay within them (TestRBACSuffices): a
+// daemon's credential reaches no further than the daemon needs. Secrets
+// are listed only by the sweep (an env Secret the garbage collector has
+// not yet taken with its Pod), and never watched.
 var permissions = []authv1.ResourceAttributes{
 	{Verb: "create", Resource: "pods"},
 	{Verb: "get", Resource: "pods"},
