@@ -99,22 +99,30 @@ func TestKubeOptions(t *testing.T) {
 		"--kubeconfig", "/kc", "--namespace", "ns", "--agent-image", "reg.test/agent:1", "--pod-user", "1001:1002",
 		"--runtime-class", "gvisor", "--image-pull-secret", "regcred", "--storage-class", "sc", "--create-timeout", "30s",
 		"--network-probe-image", "reg.test/busybox:1", "--trust-network-policy", "--workspace-size", "2Gi",
-		"--exec-timeout", "5s", "--reap-interval", "2s")
+		"--exec-timeout", "5s", "--reap-interval", "2s", "--disk-mb", "2048")
 	if err != nil {
 		t.Fatal(err)
 	}
 	o, err := providerConfig{policy: cfg.policy, reapInterval: cfg.reapInterval, execTimeout: cfg.execTimeout, maxOutputBytes: cfg.maxOutputBytes,
-		kube: cfg.kube, durable: true, stateDir: "/state"}.kubernetesOptions()
+		kube: cfg.kube, disk: cfg.disk, durable: true, stateDir: "/state"}.kubernetesOptions()
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := kubernetes.Options{Kubeconfig: "/kc", Namespace: "ns", AgentImage: "reg.test/agent:1", PodUser: "1001:1002",
 		RuntimeClass: "gvisor", ImagePullSecrets: []string{"regcred"}, StorageClass: "sc", CreateTimeout: 30 * time.Second,
-		NetworkProbeImage: "reg.test/busybox:1", TrustNetworkPolicy: true, WorkspaceSize: "2Gi"}
+		NetworkProbeImage: "reg.test/busybox:1", TrustNetworkPolicy: true, WorkspaceSize: "2Gi", DiskMB: 2048}
 	want.Policy, want.ReapInterval, want.ExecDefaultTimeout = cfg.policy, 2*time.Second, 5*time.Second
 	want.ProviderOptions = kit.ProviderOptions{StateDir: "/state", MaxOutputBytes: defaultMaxOutputBytes}
 	if !reflect.DeepEqual(o, want) {
 		t.Errorf("kubernetes.Options:\n %+v\nwant\n %+v", o, want)
+	}
+	// --disk-mb 0 is no cap, as on the container provider.
+	off, err := resolveServe(t, map[string]string{stateDirEnv: "/state"}, "--provider", "kubernetes", "--agent-image", "reg.test/agent:1", "--disk-mb", "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, err := (providerConfig{kube: off.kube, disk: off.disk}).kubernetesOptions(); err != nil || !o.DiskOff {
+		t.Errorf("--disk-mb 0: DiskOff %v (%v); want true", o.DiskOff, err)
 	}
 	if _, err := (providerConfig{}).kubernetesOptions(); err == nil || !strings.Contains(err.Error(), "--agent-image") || errorExitCode(err) != exitUsage {
 		t.Errorf("options without an agent image: %v (exit %d); want a usage error naming --agent-image", err, errorExitCode(err))

@@ -119,6 +119,9 @@ func (c providerConfig) kubernetesOptions() (kubernetes.Options, error) {
 	o := c.kube.options()
 	o.Options = c.kitOptions(nil)
 	o.ProviderOptions = c.providerOptions()
+	// The same cap as the container provider's, as a Pod's
+	// ephemeral-storage limit: --disk-mb 0 is none, unset the default.
+	o.DiskOff, o.DiskMB = c.disk.off(), c.disk.mb
 	return o, nil
 }
 

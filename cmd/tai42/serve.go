@@ -347,8 +347,8 @@ func checkEnforceable(cfg serveConfig) error {
 		if cfg.egress.given() {
 			return errors.New("the kubernetes provider's egress is a NetworkPolicy of its own (the internet without private ranges and the metadata address), not the container provider's fences: --egress-allow, --egress-deny, --egress-allow-domain and --egress-dns need --provider container")
 		}
-		if cfg.disk.explicit && cfg.disk.mb > 0 {
-			return errors.New("the kubernetes provider does not cap a session's disk (the cluster's ephemeral-storage limits do): --disk-mb needs --provider container (--disk-mb 0 says no cap)")
+		if cfg.disk.inodes > 0 {
+			return errors.New("the kubernetes provider caps a session's disk by its size alone (a Pod's ephemeral-storage limit, --disk-mb): --disk-inodes needs --provider container")
 		}
 	}
 	return nil

@@ -241,7 +241,7 @@ func TestServeStartErrors(t *testing.T) {
 		"unknown provider":   {[]string{"--provider", "docker", "--listen", "127.0.0.1:0"}, 2, `"docker" is registered (registered: host, container, kubernetes)`},
 		"kube, no agent":     {[]string{"--provider", "kubernetes", "--listen", "127.0.0.1:0"}, 2, "--agent-image REF"},
 		"kube with fences":   {[]string{"--provider", "kubernetes", "--agent-image", "reg.test/agent:1", "--egress-deny", "203.0.113.0/24", "--listen", "127.0.0.1:0"}, 2, "NetworkPolicy of its own"},
-		"kube with a cap":    {[]string{"--provider", "kubernetes", "--agent-image", "reg.test/agent:1", "--disk-mb", "100", "--listen", "127.0.0.1:0"}, 2, "does not cap a session's disk"},
+		"kube, inode cap":    {[]string{"--provider", "kubernetes", "--agent-image", "reg.test/agent:1", "--disk-inodes", "1000", "--listen", "127.0.0.1:0"}, 2, "--disk-inodes needs --provider container"},
 		"kube, bad user":     {[]string{"--provider", "kubernetes", "--agent-image", "reg.test/agent:1", "--pod-user", "0:0"}, 2, "--pod-user"},
 		"cert without key":   {[]string{"--tls-cert", "c.pem"}, 2, "--tls-key"},
 		"bad cert":           {[]string{"--tls-cert", "/nonexistent/c.pem", "--tls-key", "/nonexistent/k.pem"}, 2, "TLS"},
