@@ -15,6 +15,7 @@ import (
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/api"
 	"github.com/tai42/sandbox/internal/egressdns"
+	"github.com/tai42/sandbox/internal/imagestore"
 	"github.com/tai42/sandbox/kit"
 	"github.com/tai42/sandbox/mcpserver"
 	"github.com/tai42/sandbox/provider/container"
@@ -511,8 +512,13 @@ func resolveImageSettings(fl *pflag.FlagSet, f *imageFlags, lookupEnv func(strin
 	if err != nil {
 		return imageConfig{}, err
 	}
+	// The commands without these flags (image pull, agent-image push)
+	// take their defaults, which validate would refuse as zero.
 	if fl.Lookup("pull") == nil {
 		f.pull = string(container.PullMissing)
+	}
+	if fl.Lookup("max-image-inodes") == nil {
+		f.maxInodes = imagestore.DefaultMaxImageInodes
 	}
 	cfg, err := f.validate()
 	cfg.given = givenSettings(level, imageSettings)
