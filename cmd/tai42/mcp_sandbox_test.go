@@ -14,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
-
 	"github.com/tai42/sandbox/internal/unixuser/unixusertest"
 )
 
@@ -74,15 +72,7 @@ func TestMCPUnsandboxedAsUser(t *testing.T) {
 	cmd = exec.Command(bin, "mcp")
 	cmd.Env = []string{allowUnsandboxedEnv + "=true"}
 	unixusertest.AsNobody(t, cmd)
-	stderr := &syncBuffer{}
-	cmd.Stderr = stderr
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
-	if err != nil {
-		t.Fatalf("connecting to tai42 mcp as nobody: %v; stderr:\n%s", err, stderr.String())
-	}
-	defer cs.Close()
+	cs, stderr := mcpConnect(t, cmd)
 	if ins := cs.InitializeResult().Instructions; !strings.Contains(ins, "Isolation: none") || !strings.Contains(ins, "NOT sandboxed") {
 		t.Errorf("the instructions do not say there is no sandbox: %q", ins)
 	}

@@ -20,13 +20,20 @@ func mcpProc(t *testing.T, bin string, env []string, args ...string) (*mcp.Clien
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"mcp"}, args...)...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
+	return mcpConnect(t, cmd)
+}
+
+// mcpConnect starts cmd, a "tai42 mcp", and connects to it as an agent
+// does; its stderr is returned at the end by the func.
+func mcpConnect(t *testing.T, cmd *exec.Cmd) (*mcp.ClientSession, *syncBuffer) {
+	t.Helper()
 	stderr := &syncBuffer{}
 	cmd.Stderr = stderr
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
 	if err != nil {
-		t.Fatalf("connecting to tai42 mcp: %v; stderr:\n%s", err, stderr.String())
+		t.Fatalf("connecting to %s: %v; stderr:\n%s", strings.Join(cmd.Args, " "), err, stderr.String())
 	}
 	t.Cleanup(func() { _ = cs.Close() })
 	return cs, stderr
