@@ -69,19 +69,8 @@ func TestPID1Reaper(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("a new PID namespace needs root (CAP_SYS_ADMIN)")
 	}
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "agent.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ul := ln.(*net.UnixListener)
-	ul.SetUnlinkOnClose(false)
-	lf, err := ul.File()
-	ln.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	sock, lf := listenerFile(t)
+	dir := filepath.Dir(sock)
 	var stderr bytes.Buffer
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), pid1Env+"=1")
@@ -164,4 +153,24 @@ func TestPID1Reaper(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the agent did not exit on SIGTERM")
 	}
+}
+
+// listenerFile is a unix socket listening at sock, as the file a
+// provider hands the agent as its fd 3 (closed at the test's end).
+func listenerFile(t *testing.T) (sock string, lf *os.File) {
+	t.Helper()
+	sock = filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ul := ln.(*net.UnixListener)
+	ul.SetUnlinkOnClose(false)
+	lf, err = ul.File()
+	ln.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lf.Close() })
+	return sock, lf
 }

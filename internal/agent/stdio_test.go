@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -50,19 +48,7 @@ func runBrokenStdioAgent(sock string) int {
 // write there fails with EPIPE instead of ending it with SIGPIPE, as Go
 // does for file descriptors 1 and 2 by default.
 func TestBrokenStderr(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "agent.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ul := ln.(*net.UnixListener)
-	ul.SetUnlinkOnClose(false)
-	lf, err := ul.File()
-	ln.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lf.Close()
+	sock, lf := listenerFile(t)
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
