@@ -23,7 +23,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox"
@@ -212,14 +211,7 @@ func layeredImage(t testing.TB, opts container.Options) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	oci := filepath.Join(t.TempDir(), "layout")
-	lp, err := layout.Write(oci, empty.Index)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lp.AppendImage(img); err != nil {
-		t.Fatal(err)
-	}
+	oci := ociLayout(t, img)
 	store, err := imagestore.Open(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -287,12 +279,7 @@ func ociLayer(t testing.TB, files []handFile) v1.Layer {
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	b := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
+	return tarLayer(t, buf.Bytes())
 }
 
 // TestLayeredSession: a session on a three-layer image (busybox and two
@@ -532,14 +519,7 @@ func TestSharedLayerOverDifferentLowers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		oci := filepath.Join(t.TempDir(), "layout")
-		lp, err := layout.Write(oci, empty.Index)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := lp.AppendImage(img); err != nil {
-			t.Fatal(err)
-		}
+		oci := ociLayout(t, img)
 		if _, err := store.Import(ctxFor(t), oci, "chain-"+strings.ToLower(content)+":1"); err != nil {
 			t.Fatal(err)
 		}
@@ -562,10 +542,20 @@ func hardLinkLayer(t testing.TB, name, target string) v1.Layer {
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	b := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+	return tarLayer(t, buf.Bytes())
+}
+
+// ociLayout writes img as an OCI layout in a temporary directory, for an
+// import, and returns its path.
+func ociLayout(t testing.TB, img v1.Image) string {
+	t.Helper()
+	oci := filepath.Join(t.TempDir(), "layout")
+	lp, err := layout.Write(oci, empty.Index)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return l
+	if err := lp.AppendImage(img); err != nil {
+		t.Fatal(err)
+	}
+	return oci
 }

@@ -116,7 +116,12 @@ func memTarLayer(t *testing.T, files ...[2]string) v1.Layer {
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	b := buf.Bytes()
+	return tarLayer(t, buf.Bytes())
+}
+
+// tarLayer is the uncompressed tar b as a layer, held in memory.
+func tarLayer(t testing.TB, b []byte) v1.Layer {
+	t.Helper()
 	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
 	if err != nil {
 		t.Fatal(err)
