@@ -66,7 +66,7 @@ type session struct {
 	ex *agentexec.Session
 
 	mu   sync.Mutex
-	puts map[string]int // persistent workspace: directories with a put_file in flight
+	puts map[string]int // persistent workspace: directories with a put_file in flight, or failed
 }
 
 var (
@@ -210,7 +210,7 @@ func (r *session) PutFile(ctx context.Context, p kit.Path, data []byte) error {
 	return r.PutFileFrom(ctx, p, bytes.NewReader(data))
 }
 
-func (r *session) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) error {
+func (r *session) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) (err error) {
 	if r.isClosed() {
 		return r.gone()
 	}
@@ -234,6 +234,13 @@ func (r *session) PutFileFrom(ctx context.Context, p kit.Path, src io.Reader) er
 		r.mu.Unlock()
 		r.ex.Done()
 		defer func() {
+			// A put that failed keeps its directory in r.puts: the failure
+			// may be the destroy's kill of the agent, which then could not
+			// remove its temporary file, and the put can return before
+			// Destroy looks (it did, in CI).
+			if err != nil {
+				return
+			}
 			r.mu.Lock()
 			if r.puts != nil {
 				if r.puts[dir]--; r.puts[dir] <= 0 {
