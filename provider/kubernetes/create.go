@@ -35,7 +35,7 @@ type Timing struct {
 // the create made is deleted.
 func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Resources, err error) {
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, p.opts.CreateTimeout)
+	ctx, cancel := p.createContext(ctx)
 	defer cancel()
 	r := &session{p: p, id: req.ID, spec: req.Spec, pod: podName(req.ID)}
 	var stack undo.Stack
@@ -377,7 +377,7 @@ func (p *provider) waitRunning(ctx context.Context, pod *corev1.Pod, dial *agent
 		case ev, ok := <-w.ResultChan():
 			if !ok {
 				if ctx.Err() != nil {
-					return p.createFailed(cur, fmt.Errorf("the pod was not running within %s (%s)", p.opts.CreateTimeout, podSummary(cur)))
+					return p.notRunning(ctx, cur)
 				}
 				// The apiserver ended the watch: start again from the
 				// Pod as it is now.
@@ -405,9 +405,29 @@ func (p *provider) waitRunning(ctx context.Context, pod *corev1.Pod, dial *agent
 				dial.begin(ctx)
 			}
 		case <-ctx.Done():
-			return p.createFailed(cur, fmt.Errorf("the pod was not running within %s (%s)", p.opts.CreateTimeout, podSummary(cur)))
+			return p.notRunning(ctx, cur)
 		}
 	}
+}
+
+// createContext is ctx bounded by CreateTimeout, with errCreateTimeout
+// as the cause when that bound ends it.
+func (p *provider) createContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(ctx, p.opts.CreateTimeout, errCreateTimeout)
+}
+
+// errCreateTimeout is the cause of a create's context when CreateTimeout
+// ended it, rather than the caller's own deadline or cancel.
+var errCreateTimeout = errors.New("the create timeout")
+
+// notRunning is waitRunning's error once ctx has ended, naming what ended
+// it: CreateTimeout, or the caller's context (whose error it wraps, so
+// that errors.Is matches context.DeadlineExceeded or Canceled).
+func (p *provider) notRunning(ctx context.Context, cur *corev1.Pod) error {
+	if errors.Is(context.Cause(ctx), errCreateTimeout) {
+		return p.createFailed(cur, fmt.Errorf("the pod was not running within %s, the create timeout (%s)", p.opts.CreateTimeout, podSummary(cur)))
+	}
+	return p.createFailed(cur, fmt.Errorf("the pod was not running when the caller's context ended: %w (%s)", ctx.Err(), podSummary(cur)))
 }
 
 // createFailed is the create's error for why: a *sandbox.SpecRejectedError
@@ -434,7 +454,7 @@ func failure(pod *corev1.Pod, ns string, why error, events string) error {
 	if errors.As(why, &sbe) {
 		return sandbox.WrapError("create_session", fmt.Sprintf("session pod %s/%s: %s", ns, pod.Name, msg), sbe.Err)
 	}
-	return sandbox.Errorf("create_session", "session pod %s/%s did not start: %s", ns, pod.Name, msg)
+	return sandbox.WrapError("create_session", fmt.Sprintf("session pod %s/%s did not start: %s", ns, pod.Name, msg), why)
 }
 
 // podEvents quotes the last events of pod, oldest first.

@@ -21,10 +21,16 @@ import (
 // returns the dial (ended) and waitRunning's result.
 func waitWith(t *testing.T, timeout time.Duration, connect func(context.Context) error, updates ...func(*corev1.Pod)) (*agentDial, error) {
 	t.Helper()
+	return waitWithin(t, context.Background(), timeout, connect, updates...)
+}
+
+// waitWithin is waitWith with parent as the create's caller's context.
+func waitWithin(t *testing.T, parent context.Context, timeout time.Duration, connect func(context.Context) error, updates ...func(*corev1.Pod)) (*agentDial, error) {
+	t.Helper()
 	cs := fake.NewClientset()
 	p := testProvider(Options{CreateTimeout: timeout})
 	p.cs, p.cfg = cs, &rest.Config{Host: "https://fake"}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := p.createContext(parent)
 	defer cancel()
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "tai42-x", Namespace: p.ns, UID: "u1"},
 		Status: corev1.PodStatus{Phase: corev1.PodPending}}
@@ -129,8 +135,20 @@ func TestWaitRunning(t *testing.T) {
 	t.Run("Timeout", func(t *testing.T) {
 		_, err := waitWith(t, time.Second, never)
 		var sbe *sandbox.SandboxError
-		if !errors.As(err, &sbe) || !strings.Contains(err.Error(), "not running within") {
+		if !errors.As(err, &sbe) || !strings.Contains(err.Error(), "not running within 1s, the create timeout") {
 			t.Fatalf("timeout: %v", err)
+		}
+	})
+	t.Run("CallerDeadline", func(t *testing.T) {
+		// The caller's deadline ends the wait before CreateTimeout: the
+		// error names it (not the create timeout) and wraps its error.
+		parent, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		_, err := waitWithin(t, parent, 10*time.Second, never)
+		var sbe *sandbox.SandboxError
+		if !errors.As(err, &sbe) || !errors.Is(err, context.DeadlineExceeded) ||
+			!strings.Contains(err.Error(), "the caller's context ended") || strings.Contains(err.Error(), "within") {
+			t.Fatalf("the caller's deadline: %v; want a SandboxError naming the caller's context, matching context.DeadlineExceeded", err)
 		}
 	})
 }
