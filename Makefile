@@ -82,16 +82,17 @@ test:
 	@$(LANES) "test-go-local crash" "test-go-kube kube-daemons" "kube-binaries test-python test-mcp-node" "lint NICE=nice"
 
 # LANES A B...: make -k of each list of targets, in order, the lists side
-# by side.
+# by side; the summary says how long each lane took.
 LANES = sh -c 'dir=$$(mktemp -d); n=0; \
 	for lane in "$$@"; do n=$$((n + 1)); [ $$n -eq 1 ] && continue; \
 		echo "lane $$n ($$lane) > $$dir/$$n, printed below once done"; \
-		{ $(MAKE) --no-print-directory -k $$lane >"$$dir/$$n" 2>&1; echo $$? >"$$dir/$$n.rc"; } & done; \
-	one=0; $(MAKE) --no-print-directory -k $$1 || one=$$?; wait; \
-	status=$$one; summary="lane 1 ($$1): exit $$one"; \
-	for i in $$(seq 2 $$n); do rc=$$(cat "$$dir/$$i.rc"); \
-		echo "--- lane $$i, exit $$rc:"; cat "$$dir/$$i"; \
-		summary="$$summary; lane $$i: exit $$rc"; [ "$$rc" = 0 ] || status=1; done; \
+		{ s=$$(date +%s); $(MAKE) --no-print-directory -k $$lane >"$$dir/$$n" 2>&1; echo $$? >"$$dir/$$n.rc"; \
+			echo $$(($$(date +%s) - s)) >"$$dir/$$n.time"; } & done; \
+	s=$$(date +%s); one=0; $(MAKE) --no-print-directory -k $$1 || one=$$?; t=$$(($$(date +%s) - s)); wait; \
+	status=$$one; summary="lane 1 ($$1): exit $$one in $$t s"; \
+	for i in $$(seq 2 $$n); do rc=$$(cat "$$dir/$$i.rc"); t=$$(cat "$$dir/$$i.time"); \
+		echo "--- lane $$i, exit $$rc, $$t s:"; cat "$$dir/$$i"; \
+		summary="$$summary; lane $$i: exit $$rc in $$t s"; [ "$$rc" = 0 ] || status=1; done; \
 	rm -rf "$$dir"; echo "--- $$summary"; exit $$status' lanes
 
 test-go: test-go-local test-go-kube
