@@ -41,7 +41,7 @@ func wantCancelled(t *testing.T, err error, what string) {
 // An Exec whose context expires mid-run is killed and returns an error of
 // the family that wraps ctx.Err(), promptly; the session stays usable.
 func (s *suite) testCancelExec(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	cctx, cancel := context.WithTimeout(ctx, cancelAfter)
 	defer cancel()
@@ -60,7 +60,7 @@ func (s *suite) testCancelExec(t *testing.T) {
 // family that wraps ctx.Err(), and leaves the stream where it was: the
 // stream goes on to its end.
 func (s *suite) testCancelNext(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{}, shArgv("printf early; sleep 30")...)
 	for len(r.stdout) < len("early") && r.next(ctx) {
@@ -85,7 +85,7 @@ func (s *suite) testCancelNext(t *testing.T) {
 // A WriteStdin blocked on an exec that does not read its stdin returns,
 // once its context expires, an error of the family that wraps ctx.Err().
 func (s *suite) testCancelWriteStdin(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{}, "sleep", "30")
 	cctx, cancel := context.WithTimeout(ctx, cancelAfter)
@@ -104,7 +104,7 @@ func (s *suite) testCancelWriteStdin(t *testing.T) {
 // family (wrapping ctx.Err() when the context stopped it; the exec may also
 // have exited first), never with the bare context error.
 func (s *suite) testCancelExpired(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	mustPut(t, ctx, sess, "f", []byte("x"))
 	expired, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))

@@ -38,7 +38,7 @@ func (s *suite) execClauses() []clause {
 // A non-zero exit is a result, not an error; stdout and stderr are kept
 // apart.
 func (s *suite) testExecExitCode(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	res := run(t, ctx, sess, sandbox.ExecOptions{}, shArgv("printf out; printf err >&2; exit 3")...)
 	if want := (sandbox.ExecResult{ExitCode: 3, Stdout: "out", Stderr: "err"}); res != want {
@@ -51,7 +51,7 @@ func (s *suite) testExecExitCode(t *testing.T) {
 
 // A command killed by a signal reports 128+signal.
 func (s *suite) testExecSignal(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	if res := run(t, ctx, sess, sandbox.ExecOptions{}, shArgv("kill -9 $$")...); res.ExitCode != 137 {
 		t.Errorf("Exec(sh -c 'kill -9 $$').ExitCode = %d; want 137 (128+SIGKILL, as a shell reports)", res.ExitCode)
@@ -61,7 +61,7 @@ func (s *suite) testExecSignal(t *testing.T) {
 // A command that cannot be found is exit code 127 with the reason on stderr,
 // not an error.
 func (s *suite) testExecNotFound(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	for _, name := range []string{"tai42-no-such-command", "/tai42-no-such-dir/tai42-no-such-command"} {
 		res, err := sess.Exec(ctx, []string{name}, sandbox.ExecOptions{Timeout: execTimeout})
@@ -78,7 +78,7 @@ func (s *suite) testExecNotFound(t *testing.T) {
 
 // A command that exists but cannot be executed is exit code 126.
 func (s *suite) testExecNotExecutable(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	mustSh(t, ctx, sess, `printf '#!/bin/sh\necho ran\n' > noexec && chmod 644 noexec`)
 	p := path.Join(sess.WorkspacePath(), "noexec")
@@ -96,7 +96,7 @@ func (s *suite) testExecNotExecutable(t *testing.T) {
 // A timeout of 0 or less is refused, never taken as "no timeout", by Exec and
 // ExecStart alike.
 func (s *suite) testExecBadTimeout(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	for _, d := range []time.Duration{0, -time.Second} {
 		_, err := sess.Exec(ctx, []string{"true"}, sandbox.ExecOptions{Timeout: d})
@@ -111,7 +111,7 @@ func (s *suite) testExecBadTimeout(t *testing.T) {
 
 // An empty argv is refused by Exec and ExecStart.
 func (s *suite) testExecEmptyArgv(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	for _, argv := range [][]string{nil, {}} {
 		_, err := sess.Exec(ctx, argv, sandbox.ExecOptions{Timeout: execTimeout})
@@ -136,7 +136,7 @@ func wantBadArg(t *testing.T, err error, what string) {
 // On timeout the exec is killed and an *ExecTimeoutError carries the exact
 // lengths of the output produced, never its content.
 func (s *suite) testExecTimeout(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	secret := secretValue("timeout")
 	const timeout = time.Second
@@ -157,7 +157,7 @@ func (s *suite) testExecTimeout(t *testing.T) {
 // received up to the stop; a provider that ends that process too owes no
 // note.
 func (s *suite) testExecTimeoutHeld(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	if res := run(t, ctx, sess, sandbox.ExecOptions{}, shArgv("command -v setsid")...); res.ExitCode != 0 {
 		t.Skip("the session has no setsid to start a process outside the exec's process group")
@@ -215,7 +215,7 @@ func wantTimeout(t *testing.T, err error, timeout time.Duration, stdoutLen, stde
 // The exec's env overlays the session's (the exec wins), values arrive
 // byte-exact, and nothing of the host's environment leaks in.
 func (s *suite) testExecEnv(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, func(sp *sandbox.SessionSpec) {
 		sp.Env = sandbox.SecretEnv(map[string]string{"TAI42_A": "spec-a", "TAI42_B": "spec-b"})
 	})
@@ -239,7 +239,7 @@ func (s *suite) testExecEnv(t *testing.T) {
 
 // Env values never appear in an error, whatever fails.
 func (s *suite) testExecSecretsNotInErrors(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	specSecret, execSecret := secretValue("spec"), secretValue("exec")
 	sb, sess := s.fresh(t, func(sp *sandbox.SessionSpec) {
 		sp.Env = map[string]sandbox.Secret{"TAI42_S": sandbox.NewSecret(specSecret)}
@@ -293,7 +293,7 @@ func (s *suite) testExecSecretsNotInLogs(t *testing.T) {
 	if !s.opts.Logs {
 		t.Skip("Options.Logs is false: the factory does not pass Config.Logger to the provider")
 	}
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	specSecret, execSecret, bad := secretValue("spec"), secretValue("exec"), secretValue("badkey")
 	secrets := []string{specSecret, execSecret, bad}
 	sb := s.newSandbox(t, Config{Policy: permissive, ReapInterval: 100 * time.Millisecond})
@@ -352,7 +352,7 @@ func (s *suite) testExecSecretsNotInLogs(t *testing.T) {
 // cwd is workspace-relative ("" is the workspace itself), must stay inside
 // the workspace, and must exist.
 func (s *suite) testExecCwd(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	ws := sess.WorkspacePath()
 	if !path.IsAbs(ws) {
@@ -385,7 +385,7 @@ func (s *suite) testExecCwd(t *testing.T) {
 
 // Exec delivers its Stdin byte-exact.
 func (s *suite) testExecStdin(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	in := randomBytes(1 << 20)
 	res := run(t, ctx, sess, sandbox.ExecOptions{Stdin: in}, "cat")
@@ -397,7 +397,7 @@ func (s *suite) testExecStdin(t *testing.T) {
 
 // A nil (or empty) Stdin gives the command end-of-input at once.
 func (s *suite) testExecNilStdin(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	for _, in := range [][]byte{nil, {}} {
 		res, err := sess.Exec(ctx, []string{"cat"}, sandbox.ExecOptions{Stdin: in, Timeout: 10 * time.Second})
@@ -412,7 +412,7 @@ func (s *suite) testExecNilStdin(t *testing.T) {
 // A process the command leaves running, holding the output pipes, does not
 // keep Exec from returning once the command itself has exited.
 func (s *suite) testExecLeftoverChild(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	begin := time.Now()
 	res, err := sess.Exec(ctx, shArgv(`sleep 30 & echo $!`), sandbox.ExecOptions{Timeout: 10 * time.Second})
@@ -435,7 +435,7 @@ func (s *suite) testExecLeftoverChild(t *testing.T) {
 // *OutputLimitError carrying the lengths received, exact when the output
 // stops past the limit; it is never silently truncated.
 func (s *suite) testExecOutputLimit(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	const n = 100 << 20
 	res, err := sess.Exec(ctx, []string{"head", "-c", strconv.Itoa(n), "/dev/zero"}, sandbox.ExecOptions{Timeout: 30 * time.Second})
@@ -476,7 +476,7 @@ func (s *suite) testExecOutputLimit(t *testing.T) {
 
 // Execs on one session may run concurrently.
 func (s *suite) testExecConcurrent(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	var wg sync.WaitGroup
 	for i := range 8 {

@@ -13,7 +13,7 @@ import (
 // an exec that exited in time.) The clause applies only to handles that
 // implement it; for others it checks nothing and says so in the log.
 func (s *suite) testStreamExitWatcher(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{}, shArgv("read x; head -c 200000 /dev/zero")...)
 	defer func() { _ = r.h.Kill(ctx) }()

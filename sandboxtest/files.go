@@ -55,7 +55,7 @@ func roundTrip(t *testing.T, ctx context.Context, sess sandbox.Session, p, get s
 
 // Binary data round-trips intact.
 func (s *suite) testFilesRoundTrip(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	every := make([]byte, 256)
 	for i := range every {
@@ -68,7 +68,7 @@ func (s *suite) testFilesRoundTrip(t *testing.T) {
 
 // PutFile creates missing parent directories.
 func (s *suite) testFilesParents(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	roundTrip(t, ctx, sess, "a/b/c/f.bin", "a/b/c/f.bin", []byte("deep"))
 	mustSh(t, ctx, sess, `[ -d a/b/c ]`)
@@ -76,7 +76,7 @@ func (s *suite) testFilesParents(t *testing.T) {
 
 // PutFile replaces an existing file whole: no tail of the old content stays.
 func (s *suite) testFilesOverwrite(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	mustPut(t, ctx, sess, "f.txt", bytes.Repeat([]byte("long content "), 100))
 	roundTrip(t, ctx, sess, "f.txt", "f.txt", []byte("short"))
@@ -85,7 +85,7 @@ func (s *suite) testFilesOverwrite(t *testing.T) {
 // An absolute path inside the workspace is the same file as the relative
 // one.
 func (s *suite) testFilesAbsoluteInside(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	abs := path.Join(sess.WorkspacePath(), "abs", "f.txt")
 	roundTrip(t, ctx, sess, abs, "abs/f.txt", []byte("absolute"))
@@ -94,7 +94,7 @@ func (s *suite) testFilesAbsoluteInside(t *testing.T) {
 
 // Files put are what execs see, and files execs make are what GetFile reads.
 func (s *suite) testFilesSharedWithExec(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	mustPut(t, ctx, sess, "in/put.txt", []byte("from put_file"))
 	if got := mustSh(t, ctx, sess, "cat in/put.txt"); got != "from put_file" {
@@ -109,7 +109,7 @@ func (s *suite) testFilesSharedWithExec(t *testing.T) {
 // GetFile of a path where nothing exists is a *FileNotFoundError naming the
 // path.
 func (s *suite) testFilesNotFound(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	for _, p := range []string{"missing.txt", "no/such/dir/missing.txt", path.Join(sess.WorkspacePath(), "missing.txt")} {
 		_, err := sess.GetFile(ctx, p)
@@ -129,7 +129,7 @@ func (s *suite) testFilesNotFound(t *testing.T) {
 // GetFile of a directory is a plain *SandboxError, never a
 // FileNotFoundError: something exists there.
 func (s *suite) testFilesDirectory(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	mustPut(t, ctx, sess, "d/f", []byte("f"))
 	for _, p := range []string{"d", "d/", ".", sess.WorkspacePath()} {
@@ -140,7 +140,7 @@ func (s *suite) testFilesDirectory(t *testing.T) {
 
 // PutFile over a directory fails and leaves the directory as it was.
 func (s *suite) testFilesPutOverDirectory(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	mustPut(t, ctx, sess, "d/f", []byte("kept"))
 	err := sess.PutFile(ctx, "d", []byte("over"))
@@ -153,7 +153,7 @@ func (s *suite) testFilesPutOverDirectory(t *testing.T) {
 // GetFile of something that exists but cannot be read as a file is a plain
 // *SandboxError, and returns promptly.
 func (s *suite) testFilesUnreadable(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	mustSh(t, ctx, sess, "mkfifo fifo && ln -s loop loop")
 	unreadable := map[string]string{"fifo": "a FIFO", "loop": "a symlink loop"}
@@ -169,7 +169,7 @@ func (s *suite) testFilesUnreadable(t *testing.T) {
 // is a plain *SandboxError naming the path: something (the link) exists
 // there, and FileNotFoundError is for where nothing exists, and only then.
 func (s *suite) testFilesDanglingSymlink(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	mustSh(t, ctx, sess, "mkdir d && ln -s missing-target dangling && ln -s ../missing-target d/dangling")
 	for _, p := range []string{"dangling", "d/dangling", path.Join(sess.WorkspacePath(), "dangling")} {
@@ -183,7 +183,7 @@ func (s *suite) testFilesDanglingSymlink(t *testing.T) {
 // permission error is a real fault, never reported as a missing file. A
 // session whose user reads a file of mode 000 anyway (root) cannot show it.
 func (s *suite) testFilesPermissionDenied(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	mustSh(t, ctx, sess, "printf secret > locked && mkdir closed && printf secret > closed/f && chmod 000 locked closed")
 	// Give the workspace back its modes, so that its removal at destroy
@@ -202,7 +202,7 @@ func (s *suite) testFilesPermissionDenied(t *testing.T) {
 
 // An empty path or one holding a NUL byte is refused.
 func (s *suite) testFilesBadPaths(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	for _, p := range []string{"", "a\x00b"} {
 		_, err := sess.GetFile(ctx, p)
@@ -222,7 +222,7 @@ func (s *suite) testFilesBadPaths(t *testing.T) {
 // A path climbing out of the workspace is refused with a plain *SandboxError
 // (never a FileNotFoundError), and nothing outside is read or written.
 func (s *suite) testFilesEscapes(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	ws := sess.WorkspacePath()
 	name := "tai42-escape-" + rand.Text()[:8]
@@ -289,7 +289,7 @@ func wantNoHostFile(t *testing.T, p string) {
 // A symlink in the workspace that leads out is refused like a path that
 // climbs out: nothing outside is read or written through it.
 func (s *suite) testFilesSymlinkEscapes(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	// A shell that runs sh as a builtin (busybox) says just "sh" to
 	// command -v: look in PATH then.

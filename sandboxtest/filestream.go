@@ -35,7 +35,7 @@ func (s *suite) streamer(t *testing.T) (sandbox.Session, sandbox.FileStreamer) {
 // PutFileFrom writes what the reader yields; OpenFile reads it back with
 // its size; both agree with PutFile and GetFile.
 func (s *suite) testStreamFilesRoundTrip(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sess, fs := s.streamer(t)
 	data := randomBytes(3<<20 + 17)
 	if err := fs.PutFileFrom(ctx, "big/stream.bin", bytes.NewReader(data)); err != nil {
@@ -84,7 +84,7 @@ func (f *failingReader) Read(b []byte) (int, error) {
 // A reader that fails midway fails PutFileFrom with a family error and
 // leaves the old content intact, never a mix.
 func (s *suite) testStreamFilesFailedReader(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sess, fs := s.streamer(t)
 	mustPut(t, ctx, sess, "keep.txt", []byte("old content"))
 	err := fs.PutFileFrom(ctx, "keep.txt", &failingReader{head: bytes.Repeat([]byte("new"), 100000), err: errors.New("disk on fire")})
@@ -99,7 +99,7 @@ func (s *suite) testStreamFilesFailedReader(t *testing.T) {
 
 // OpenFile's errors are GetFile's: not found only where nothing exists.
 func (s *suite) testStreamFilesOpenErrors(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sess, fs := s.streamer(t)
 	_, _, err := fs.OpenFile(ctx, "missing.txt")
 	var nf *sandbox.FileNotFoundError
@@ -116,7 +116,7 @@ func (s *suite) testStreamFilesOpenErrors(t *testing.T) {
 // Paths that climb out are refused by both directions, and nothing outside
 // is written.
 func (s *suite) testStreamFilesEscapes(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, fs := s.streamer(t)
 	for _, p := range []string{"../escape.txt", "a/../../escape.txt"} {
 		err := fs.PutFileFrom(ctx, p, strings.NewReader("x"))

@@ -30,10 +30,20 @@ const (
 	killPrompt = 2 * time.Second
 )
 
+// callContext bounds the calls of a helper that makes no create, as a
+// clause's are bounded.
+func callContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), clauseTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // testContext returns the clause's context: canceled when the clause ends,
 // with a deadline so that no call can outlive it by more than hangGrace.
-func testContext(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), clauseTimeout)
+// The deadline is clauseTimeout, plus Options.CreateTimeout for a provider
+// whose creates may take that long: a clause's creates are within it.
+func (s *suite) testContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), clauseTimeout+s.opts.CreateTimeout)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -115,7 +125,7 @@ func (s *suite) spec(mutate func(*sandbox.SessionSpec)) sandbox.SessionSpec {
 // destroys it at cleanup.
 func (s *suite) newSession(t *testing.T, sb sandbox.Sandbox, mutate func(*sandbox.SessionSpec)) sandbox.Session {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), clauseTimeout)
+	ctx, cancel := context.WithTimeout(t.Context(), clauseTimeout+s.opts.CreateTimeout)
 	defer cancel()
 	sess, err := sb.CreateSession(ctx, s.spec(mutate))
 	if err != nil {

@@ -37,7 +37,7 @@ func (s *suite) restart(t *testing.T, cfg Config, crash bool, use func(sb sandbo
 	var ids []string
 	use(sb, func(mutate func(*sandbox.SessionSpec)) sandbox.Session {
 		t.Helper()
-		sess, err := sb.CreateSession(testContext(t), s.spec(mutate))
+		sess, err := sb.CreateSession(s.testContext(t), s.spec(mutate))
 		if err != nil {
 			t.Fatalf("CreateSession: %v", err)
 		}
@@ -60,7 +60,7 @@ func (s *suite) restart(t *testing.T, cfg Config, crash bool, use func(sb sandbo
 // The closed sandbox's sessions are not listed by the new one.
 func (s *suite) testPersistentSurvivesRestart(t *testing.T) {
 	s.needDurable(t)
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	key := persistent()
 	data := randomBytes(32 << 10)
 	var id string
@@ -90,7 +90,7 @@ func (s *suite) testPersistentSurvivesRestart(t *testing.T) {
 // they can be destroyed; one that expired meanwhile is gone, and its
 // persistent key is free.
 func (s *suite) testSessionsSurviveCrash(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	secret := secretValue("crash")
 	envSpec := func(sp *sandbox.SessionSpec) {
 		sp.Env = map[string]sandbox.Secret{"TAI42_SUITE_SECRET": sandbox.NewSecret(secret)}

@@ -69,6 +69,12 @@ type Options struct {
 	// log line goes through it; the suite then checks those lines for
 	// secrets. Otherwise that clause skips.
 	Logs bool
+	// CreateTimeout is how long one create may take on the provider when
+	// that can be more than a clause's 40 s: a Kubernetes Pod's start on a
+	// loaded node (the provider's own CreateTimeout). Every clause's
+	// deadline, and each create's, grows by it. 0: a clause's calls, its
+	// creates among them, share 40 s.
+	CreateTimeout time.Duration
 	// Restartable, when set, makes a fresh sandbox for cfg as the Factory
 	// does, and a function that starts it again on the same state, as a
 	// daemon started again would see it: after the sandbox was closed

@@ -68,7 +68,7 @@ func ttl(seconds int) func(*sandbox.SessionSpec) {
 // DestroySession and returns nil.
 func wantAllGone(t *testing.T, sess sandbox.Session, why string) {
 	t.Helper()
-	ctx := testContext(t)
+	ctx := callContext(t)
 	id := sess.ID()
 	if id == "" || sess.WorkspacePath() == "" {
 		t.Errorf("ID() = %q, WorkspacePath() = %q %s; both keep their values", id, sess.WorkspacePath(), why)
@@ -96,7 +96,7 @@ func wantAllGone(t *testing.T, sess sandbox.Session, why string) {
 // wantListed fails unless ListSessions holds exactly the sessions of ids.
 func wantListed(t *testing.T, sb sandbox.Sandbox, ids ...string) []sandbox.SessionInfo {
 	t.Helper()
-	list, err := sb.ListSessions(testContext(t))
+	list, err := sb.ListSessions(callContext(t))
 	if err != nil {
 		t.Fatalf("ListSessions: %v", err)
 	}
@@ -127,7 +127,7 @@ func (s *suite) testDefaults(t *testing.T) {
 // GetSession returns a live session by id, and *SessionNotFoundError for an
 // unknown one.
 func (s *suite) testGetSession(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb, sess := s.fresh(t, nil)
 	got, err := sb.GetSession(ctx, sess.ID())
 	if err != nil {
@@ -152,7 +152,7 @@ func equalInfo(a, b sandbox.SessionInfo) bool {
 
 // ListSessions returns every live session's state, the same as its Info.
 func (s *suite) testListSessions(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb := s.newSandbox(t, Config{Policy: permissive})
 	var ids []string
 	for i := range 3 {
@@ -183,7 +183,7 @@ func (s *suite) testListSessions(t *testing.T) {
 
 // Sessions may be created concurrently; each is its own.
 func (s *suite) testConcurrentCreate(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb := s.newSandbox(t, Config{Policy: permissive})
 	sessions := make([]sandbox.Session, 8)
 	var wg sync.WaitGroup
@@ -219,7 +219,7 @@ func (s *suite) testConcurrentCreate(t *testing.T) {
 
 // DestroySession ends a session for good and is idempotent.
 func (s *suite) testDestroySession(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb, sess := s.fresh(t, nil)
 	for i := range 2 {
 		if err := sb.DestroySession(ctx, sess.ID()); err != nil {
@@ -237,7 +237,7 @@ func (s *suite) testDestroySession(t *testing.T) {
 
 // Reap destroys exactly the expired sessions and returns their ids.
 func (s *suite) testReap(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb := s.newSandbox(t, exact)
 	a, b := s.newSession(t, sb, ttl(1)), s.newSession(t, sb, ttl(1))
 	live := s.newSession(t, sb, ttl(3600))
@@ -274,7 +274,7 @@ func (s *suite) testConcurrentReap(t *testing.T) {
 	live := s.newSession(t, sb, ttl(3600))
 	// The clause's deadline bounds the Reaps, not the seven creates before
 	// them (each has its own), which on a loaded cluster take most of it.
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	waitExpired(t, ctx, expired...)
 	const reapers = 4
 	results := make([][]string, reapers)
@@ -308,7 +308,7 @@ func (s *suite) testConcurrentReap(t *testing.T) {
 // called over and over from the session's create on returns its id at or
 // after expires_at, never before, and until then the session answers.
 func (s *suite) testReapNotEarly(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb := s.newSandbox(t, exact)
 	sess := s.newSession(t, sb, ttl(1))
 	info, err := sess.Info(ctx)
@@ -345,7 +345,7 @@ func (s *suite) testReapNotEarly(t *testing.T) {
 
 // The background reaper destroys expired sessions on its own.
 func (s *suite) testBackgroundReaper(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	cfg := Config{Policy: permissive, ReapInterval: 100 * time.Millisecond}
 	sb := s.newSandbox(t, cfg)
 	if d := sb.ReapInterval(); d != cfg.ReapInterval {
@@ -367,7 +367,7 @@ func (s *suite) testBackgroundReaper(t *testing.T) {
 
 // Info reports the session's observable state.
 func (s *suite) testInfo(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	labels := map[string]string{"team": "tai42", "app/role": "info", "empty": ""}
 	before := time.Now()
 	_, sess := s.fresh(t, func(sp *sandbox.SessionSpec) { sp.Labels, sp.WorkspaceKey, sp.TTLSeconds = labels, "info-key", 600 })
@@ -391,7 +391,7 @@ func (s *suite) testInfo(t *testing.T) {
 
 // Touch extends expires_at to now + ttl (no further) and never shortens it.
 func (s *suite) testTouch(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, ttl(3600))
 	prev, err := sess.Info(ctx)
 	if err != nil {
@@ -429,7 +429,7 @@ func (s *suite) testTouch(t *testing.T) {
 
 // An expired session is gone for consumers at once, before any reap.
 func (s *suite) testExpiry(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb := s.newSandbox(t, exact)
 	sess := s.newSession(t, sb, ttl(1))
 	waitExpired(t, ctx, sess)
@@ -441,7 +441,7 @@ func (s *suite) testExpiry(t *testing.T) {
 
 // Session.Destroy ends the session; every method then reports it gone.
 func (s *suite) testDestroy(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb, sess := s.fresh(t, nil)
 	if err := sess.Destroy(ctx); err != nil {
 		t.Fatalf("Destroy: %v", err)
@@ -457,7 +457,7 @@ func (s *suite) testDestroy(t *testing.T) {
 // Destroying a session ends its running execs promptly: a running Exec
 // returns *SessionNotFoundError, a handle's stream ends with an error.
 func (s *suite) testDestroyEndsExecs(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb, sess := s.fresh(t, nil)
 	var execErr error
 	var execTook time.Duration
@@ -495,7 +495,7 @@ func (s *suite) testDestroyEndsLeftovers(t *testing.T) {
 		s.destroyEndsLeftoversDurable(t)
 		return
 	}
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb, sess := s.fresh(t, nil)
 	dir := t.TempDir()
 	beats := func() int { entries, _ := os.ReadDir(dir); return len(entries) }
@@ -520,7 +520,7 @@ func (s *suite) testDestroyEndsLeftovers(t *testing.T) {
 // persistent workspace, and the next session with its key watches it.
 func (s *suite) destroyEndsLeftoversDurable(t *testing.T) {
 	s.needDurable(t)
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb := s.newSandbox(t, Config{Policy: permissive})
 	key := persistent()
 	sess := s.newSession(t, sb, key)
@@ -550,7 +550,7 @@ func (s *suite) destroyEndsLeftoversDurable(t *testing.T) {
 // Destroy racing execs: every exec returns a correct result or
 // *SessionNotFoundError; none hangs or panics.
 func (s *suite) testConcurrentDestroyAndExec(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb := s.newSandbox(t, Config{Policy: permissive})
 	for round := range 3 {
 		sess := s.newSession(t, sb, nil)
@@ -577,7 +577,7 @@ func (s *suite) testConcurrentDestroyAndExec(t *testing.T) {
 
 // An ephemeral session starts with an empty workspace.
 func (s *suite) testEphemeralEmpty(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	if got := mustSh(t, ctx, sess, "ls -A"); got != "" {
 		t.Errorf("ls -A in a new ephemeral workspace = %q; want it empty", got)
@@ -586,7 +586,7 @@ func (s *suite) testEphemeralEmpty(t *testing.T) {
 
 // Ephemeral sessions with the same workspace_key share nothing.
 func (s *suite) testEphemeralNotShared(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb := s.newSandbox(t, Config{Policy: permissive})
 	key := func(sp *sandbox.SessionSpec) { sp.WorkspaceKey = "shared-key" }
 	a, b := s.newSession(t, sb, key), s.newSession(t, sb, key)
@@ -604,7 +604,7 @@ func (s *suite) testEphemeralNotShared(t *testing.T) {
 // An ephemeral workspace is removed at destroy (checked from the host).
 func (s *suite) testEphemeralRemoved(t *testing.T) {
 	s.needHostFS(t)
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	mustPut(t, ctx, sess, "d/f.txt", []byte("x"))
 	ws := sess.WorkspacePath()
@@ -636,7 +636,7 @@ func persistent() func(*sandbox.SessionSpec) {
 // same key sees its files.
 func (s *suite) testPersistent(t *testing.T) {
 	s.needDurable(t)
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb := s.newSandbox(t, Config{Policy: permissive})
 	key := persistent()
 	first := s.newSession(t, sb, key)
@@ -662,7 +662,7 @@ func (s *suite) testPersistent(t *testing.T) {
 // naming the live session.
 func (s *suite) testPersistentConflict(t *testing.T) {
 	s.needDurable(t)
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb := s.newSandbox(t, Config{Policy: permissive})
 	key := persistent()
 	live := s.newSession(t, sb, key)
@@ -684,7 +684,7 @@ func (s *suite) testPersistentConflict(t *testing.T) {
 // A persistent workspace survives a reap of its expired session.
 func (s *suite) testPersistentSurvivesReap(t *testing.T) {
 	s.needDurable(t)
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb := s.newSandbox(t, exact)
 	key := persistent()
 	old := s.newSession(t, sb, func(sp *sandbox.SessionSpec) { key(sp); sp.TTLSeconds = 1 })
@@ -703,7 +703,7 @@ func (s *suite) testPersistentSurvivesReap(t *testing.T) {
 // and the later reap leaves the workspace to its new session.
 func (s *suite) testPersistentExpiredIsNotLive(t *testing.T) {
 	s.needDurable(t)
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb := s.newSandbox(t, exact)
 	key := persistent()
 	old := s.newSession(t, sb, func(sp *sandbox.SessionSpec) { key(sp); sp.TTLSeconds = 1 })

@@ -55,7 +55,7 @@ func (s *suite) runSpecCases(t *testing.T, cases []specCase) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			ctx := testContext(t)
+			ctx := s.testContext(t)
 			sb := s.newSandbox(t, Config{Policy: c.policy})
 			sess, err := sb.CreateSession(ctx, s.spec(c.mutate))
 			if sess != nil {
@@ -180,7 +180,7 @@ func (s *suite) testNetworkNone(t *testing.T) {
 	if !slices.Contains(s.opts.Networks, sandbox.NetworkNone) {
 		t.Skip("the provider does not honour network none")
 	}
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, func(sp *sandbox.SessionSpec) { sp.Network = sandbox.NetworkNone })
 	if s.opts.NetworkNoneFenced != nil {
 		s.opts.NetworkNoneFenced(t, sess)
@@ -219,7 +219,7 @@ func (s *suite) testMemoryCap(t *testing.T) {
 	if !s.opts.Caps {
 		t.Skip("Options.Caps is false: the provider enforces no caps")
 	}
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, func(sp *sandbox.SessionSpec) { sp.MemoryMB = 64 })
 	if res := run(t, ctx, sess, sandbox.ExecOptions{}, alloc(1_000_000)...); res.ExitCode != 0 || res.Stdout != "1000000\n" {
 		t.Fatalf("holding 1 MB under a 64 MiB cap: %+v; want exit 0 and \"1000000\"", res)
@@ -243,7 +243,7 @@ func (s *suite) testCPUCap(t *testing.T) {
 	if !s.opts.Caps {
 		t.Skip("Options.Caps is false: the provider enforces no caps")
 	}
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, func(sp *sandbox.SessionSpec) { sp.CPU = 0.5 })
 	if res := run(t, ctx, sess, sandbox.ExecOptions{}, "echo", "ok"); res != (sandbox.ExecResult{Stdout: "ok\n"}) {
 		t.Errorf("Exec(echo ok) under cpu 0.5 = %+v; want exit 0 and \"ok\"", res)
@@ -277,7 +277,7 @@ func (s *suite) testCPUCapThrottles(t *testing.T) {
 	if !s.opts.Caps {
 		t.Skip("Options.Caps is false: the provider enforces no caps")
 	}
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb, capped := s.fresh(t, func(sp *sandbox.SessionSpec) { sp.CPU = 0.1 })
 	control := s.newSession(t, sb, nil)
 	ticks := func(sess sandbox.Session) (int, error) {

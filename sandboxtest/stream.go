@@ -45,7 +45,7 @@ func (s *suite) streamClauses() []clause {
 // The stream interleaves stdout and stderr in the order they were written,
 // then ends with exactly one StreamExit, then io.EOF.
 func (s *suite) testStreamInterleaved(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{}, shArgv("echo o1; sleep 0.1; echo e1 >&2; sleep 0.1; echo o2")...)
 	r.drain(ctx, execTimeout)
@@ -67,7 +67,7 @@ func transcript(chunks []sandbox.StreamChunk) string {
 
 // The StreamExit carries the exec's own exit code.
 func (s *suite) testStreamExitCode(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{}, shArgv("exit 7")...)
 	r.drain(ctx, execTimeout)
@@ -77,7 +77,7 @@ func (s *suite) testStreamExitCode(t *testing.T) {
 // A command that cannot be found ends its stream with exit code 127, as Exec
 // reports it.
 func (s *suite) testStreamNotFound(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{}, "tai42-no-such-command")
 	r.drain(ctx, execTimeout)
@@ -89,7 +89,7 @@ func (s *suite) testStreamNotFound(t *testing.T) {
 
 // ExecStart follows Exec's cwd and env rules.
 func (s *suite) testStreamCwdAndEnv(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, func(sp *sandbox.SessionSpec) {
 		sp.Env = sandbox.SecretEnv(map[string]string{"TAI42_A": "spec-a", "TAI42_B": "spec-b"})
 	})
@@ -134,7 +134,7 @@ func echo(t *testing.T, ctx context.Context, sess sandbox.Session, write func(h 
 // WriteStdin is safe concurrently with Next and delivers each write intact
 // and in order.
 func (s *suite) testStreamStdinConcurrent(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	echo(t, ctx, sess, func(h sandbox.ExecHandle) []byte {
 		var all []byte
@@ -152,7 +152,7 @@ func (s *suite) testStreamStdinConcurrent(t *testing.T) {
 
 // One large WriteStdin is delivered intact while the output is read.
 func (s *suite) testStreamStdinLarge(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	echo(t, ctx, sess, func(h sandbox.ExecHandle) []byte {
 		data := randomBytes(8 << 20)
@@ -165,7 +165,7 @@ func (s *suite) testStreamStdinLarge(t *testing.T) {
 
 // CloseStdin signals end-of-input.
 func (s *suite) testStreamCloseStdin(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{}, "cat")
 	if err := r.h.CloseStdin(ctx); err != nil {
@@ -178,7 +178,7 @@ func (s *suite) testStreamCloseStdin(t *testing.T) {
 // Once the exec has exited, WriteStdin fails with a *SandboxError and Kill
 // is a no-op.
 func (s *suite) testStreamWriteAfterExit(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{}, "true")
 	r.drain(ctx, execTimeout)
@@ -198,7 +198,7 @@ func (s *suite) testStreamWriteAfterExit(t *testing.T) {
 // operating system's broken-pipe error: once the exec has exited,
 // write_stdin raises a typed SandboxError.
 func (s *suite) testStreamWriteRacingExit(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{}, "head", "-c1")
 	done := make(chan struct{})
@@ -221,7 +221,7 @@ func (s *suite) testStreamWriteRacingExit(t *testing.T) {
 // writers of 16 KiB blocks is a sequence of whole blocks, each writer's in
 // order.
 func (s *suite) testStreamWritersAtomic(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	const (
 		size    = 16 << 10
@@ -275,7 +275,7 @@ func (s *suite) testStreamWritersAtomic(t *testing.T) {
 // input the exec never gets: it fails with a *SandboxError, or, if
 // accepted, the stream ends with a *SandboxError, never silently dropped.
 func (s *suite) testStreamWriteAfterClose(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{}, "sleep", "30")
 	if err := r.h.CloseStdin(ctx); err != nil {
@@ -297,7 +297,7 @@ func (s *suite) testStreamWriteAfterClose(t *testing.T) {
 // On timeout the stream yields the output received, then an
 // *ExecTimeoutError with the exact lengths, which Next keeps returning.
 func (s *suite) testStreamTimeout(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	secret := secretValue("stream")
 	const timeout = time.Second
@@ -328,7 +328,7 @@ func (s *suite) testStreamTimeout(t *testing.T) {
 // bytes the stream yielded before the error. A slow reader keeps the pipes
 // full at the deadline, so lengths taken then fall short.
 func (s *suite) testStreamTimeoutLengths(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	const timeout = time.Second
 	h := start(t, ctx, sess, sandbox.StartOptions{Timeout: timeout}, shArgv("cat /dev/zero >&2 & exec cat /dev/zero")...).h
@@ -369,7 +369,7 @@ const killExit = 137
 // Kill before any output is read ends the stream promptly with the exec's
 // exit status.
 func (s *suite) testKillBeforeRead(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{}, "sleep", "30")
 	if err := r.h.Kill(ctx); err != nil {
@@ -383,7 +383,7 @@ func (s *suite) testKillBeforeRead(t *testing.T) {
 // still yielded in order, the stream ends promptly with one StreamExit, and
 // no timeout is reported even when read past the deadline.
 func (s *suite) testKillDuringRun(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	const timeout = 2 * time.Second
 	begin := time.Now()
@@ -420,7 +420,7 @@ func (s *suite) testKillDuringRun(t *testing.T) {
 // once Kill has returned the stream raises no timeout, even past the
 // deadline; the output received before is still yielded, then the exit.
 func (s *suite) testKillPastDeadline(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{Timeout: 300 * time.Millisecond}, shArgv("printf early; sleep 30")...)
 	sleepCtx(ctx, time.Second) // past the deadline; nothing read yet
@@ -442,7 +442,7 @@ func (s *suite) testKillPastDeadline(t *testing.T) {
 // Kill after the exec exited (its exit item not yet read) is a no-op: the
 // exit status stays the exec's own.
 func (s *suite) testKillAfterExit(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{}, shArgv("exit 3")...)
 	sleepCtx(ctx, 300*time.Millisecond) // the exec has exited; its exit item is unread
@@ -460,7 +460,7 @@ func (s *suite) testKillAfterExit(t *testing.T) {
 
 // Kill may be called more than once.
 func (s *suite) testKillTwice(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{}, "sleep", "30")
 	for i := range 2 {
@@ -474,7 +474,7 @@ func (s *suite) testKillTwice(t *testing.T) {
 
 // Kill is safe from many goroutines at once, during the run and after.
 func (s *suite) testKillConcurrent(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{}, "sleep", "30")
 	killAll := func(when string) {
@@ -497,7 +497,7 @@ func (s *suite) testKillConcurrent(t *testing.T) {
 // The output the provider received before the kill, read or not, is still
 // yielded.
 func (s *suite) testKillKeepsReceivedOutput(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{}, shArgv("printf hello; sleep 30")...)
 	// The contract keeps the output the provider had taken in before the
@@ -520,7 +520,7 @@ func (s *suite) testKillStopsLeftovers(t *testing.T) {
 	if !s.opts.KillStopsLeftovers {
 		t.Skip("Options.KillStopsLeftovers is false: the provider does not document that Kill ends leftover processes")
 	}
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{}, shArgv("sleep 30 >/dev/null 2>&1 </dev/null & echo $!")...)
 	r.drain(ctx, execTimeout)

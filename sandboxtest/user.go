@@ -73,7 +73,7 @@ func ids(uid, gid int, home, ws string) string {
 // does; and the exec after it, without a user, runs as before.
 func (s *suite) testUserName(t *testing.T) {
 	u := s.needUser(t)
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	before := run(t, ctx, sess, sandbox.ExecOptions{}, shArgv(idScript)...)
 	res := run(t, ctx, sess, sandbox.ExecOptions{User: u.Name}, shArgv(idScript)...)
@@ -89,7 +89,7 @@ func (s *suite) testUserName(t *testing.T) {
 // as uid:gid with exactly those ids.
 func (s *suite) testUserUID(t *testing.T) {
 	u := s.needUser(t)
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	for _, spec := range []string{strconv.Itoa(u.UID), fmt.Sprintf("%d:%d", u.UID, u.GID)} {
 		res := run(t, ctx, sess, sandbox.ExecOptions{User: spec}, shArgv(`printf '%s %s' "$(id -u)" "$(id -g)"`)...)
@@ -103,7 +103,7 @@ func (s *suite) testUserUID(t *testing.T) {
 // exec's sets HOME, which then stands (the exec's over the spec's).
 func (s *suite) testUserHome(t *testing.T) {
 	u := s.needUser(t)
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	sb, sess := s.fresh(t, func(sp *sandbox.SessionSpec) {
 		sp.Env = sandbox.SecretEnv(map[string]string{"TAI42_SUITE_KEEP": "kept"})
 	})
@@ -129,7 +129,7 @@ func (s *suite) testUserHome(t *testing.T) {
 // An interactive exec runs as its user too, stdin and all.
 func (s *suite) testUserExecStart(t *testing.T) {
 	u := s.needUser(t)
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	r := start(t, ctx, sess, sandbox.StartOptions{User: u.Name}, shArgv(`read line; `+idScript+`; printf '|%s' "$line"`)...)
 	if err := r.h.WriteStdin(ctx, []byte("hello\n")); err != nil {
@@ -147,7 +147,7 @@ func (s *suite) testUserExecStart(t *testing.T) {
 // nothing runs.
 func (s *suite) testUserUnknown(t *testing.T) {
 	s.needUser(t)
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	const name = "tai42-no-such-user"
 	check := func(err error, what string) {
@@ -184,7 +184,7 @@ var malformedUsers = []string{"a:b", "0:", ":0", "1:2:3", "ro\x00ot", "a user", 
 // refused with a plain *SandboxError by Exec and ExecStart alike, before
 // anything runs: it is never taken for the default user.
 func (s *suite) testUserMalformed(t *testing.T) {
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	for _, u := range malformedUsers {
 		_, err := sess.Exec(ctx, shArgv("touch ran"), sandbox.ExecOptions{Timeout: execTimeout, User: u})
@@ -207,7 +207,7 @@ func (s *suite) testUserRefused(t *testing.T) {
 	if s.opts.User != nil {
 		t.Skipf("Options.User names %q: the provider runs execs as users (the other User clauses)", s.opts.User.Name)
 	}
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
 	for _, u := range []string{"nobody", "65534", "65534:65534"} {
 		res, err := sess.Exec(ctx, shArgv("id -u; touch ran"), sandbox.ExecOptions{Timeout: execTimeout, User: u})

@@ -17,7 +17,7 @@ func (s *suite) workspaceClauses() []clause {
 // findWorkspace lists the workspaces and returns key's, if listed.
 func findWorkspace(t *testing.T, wm sandbox.WorkspaceManager, key string) (sandbox.WorkspaceInfo, bool) {
 	t.Helper()
-	list, err := wm.ListWorkspaces(testContext(t))
+	list, err := wm.ListWorkspaces(callContext(t))
 	if err != nil {
 		t.Fatalf("ListWorkspaces: %v", err)
 	}
@@ -46,7 +46,7 @@ func (s *suite) testWorkspaces(t *testing.T) {
 		t.Skipf("%T does not implement sandbox.WorkspaceManager", raw)
 	}
 	sb := &guardedSandbox{g: guard{t}, sb: raw}
-	ctx := testContext(t)
+	ctx := s.testContext(t)
 	key := persistent()
 	name := s.spec(key).WorkspaceKey
 	sess := s.newSession(t, sb, key)

@@ -74,7 +74,10 @@ func TestConformance(t *testing.T) {
 		Caps:               true,
 		KillStopsLeftovers: true,
 		Logs:               true,
-		NetworkNoneFenced:  func(t *testing.T, sess sandbox.Session) { noneFenced(t, c, sess) },
+		// A Pod's start on a node as loaded as CI's (four lanes on two
+		// cores) took past 40 s: the create's own bound applies.
+		CreateTimeout:     kubernetes.DefaultCreateTimeout,
+		NetworkNoneFenced: func(t *testing.T, sess sandbox.Session) { noneFenced(t, c, sess) },
 		Restartable: func(t *testing.T, cfg sandboxtest.Config) (sandbox.Sandbox, func(crash bool) sandbox.Sandbox) {
 			// The apiserver is the ledger: a sandbox opened again on the
 			// namespace finds what the last one left.
