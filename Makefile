@@ -3,14 +3,12 @@
 #
 #   make build            the tai42 binary (./tai42)
 #   make lint             golangci-lint (.golangci.yml, govet included) at zero findings
-#   make test             every test and the lint, in five lanes side by side: the container
-#                         provider's Go tests, then the crash test; the kubernetes packages'
+#   make test             every test and the lint, in four lanes side by side: the Go tests
+#                         that need no cluster, then the crash test; the kubernetes packages'
 #                         on the kubetest cluster, then the two-daemon test; the Python half,
 #                         then the official MCP TypeScript SDK's client against tai42's MCP
-#                         server; the other Go tests that need no cluster; the lint (at a
-#                         lower CPU priority)
+#                         server; the lint (at a lower CPU priority)
 #   make test-go          every Go test under -race (test-go-local, then test-go-kube)
-#   make test-go-local    the Go tests that need no cluster (test-go-container, then test-go-rest)
 #   make crash            the crash test's quick mode (5 rounds per provider)
 #   make kube-daemons     the two-daemon test on the kubetest cluster (as root, about 4 minutes)
 #   make ci               test: what .ci/run runs after its installs
@@ -50,7 +48,7 @@ GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lin
 KUBE_PKGS = ./provider/kubernetes/... ./bench/kubernetes/
 KUBE_BUILD = if [ "$$(id -u)" = 0 ]; then GOGC=$(BUILD_GOGC) $(GO) run ./provider/kubernetes/kubetest/cmd/kubecluster build; fi
 
-.PHONY: build lint test test-go test-go-local test-go-container test-go-rest test-go-kube test-python test-mcp-node crash kube-daemons kube-binaries ci bench-run bench-api bench-container bench-python bench-mcp bench-pull bench-kubernetes fmt
+.PHONY: build lint test test-go test-go-local test-go-kube test-python test-mcp-node crash kube-daemons kube-binaries ci bench-run bench-api bench-container bench-python bench-mcp bench-pull bench-kubernetes fmt
 
 build:
 	$(GO) build -o tai42 ./cmd/tai42
@@ -66,14 +64,10 @@ build:
 lint:
 	GOGC=$(BUILD_GOGC) $(NICE) $(GOLANGCI_LINT) run ./...
 
-# Every test and the lint, in five lanes side by side: the container
-# provider's Go tests, then the crash test; the kubernetes packages' (on
-# the kubetest cluster, its binaries built first), then the two-daemon
-# test; the Python half, then the MCP TypeScript client's test; the other
-# Go tests that need no cluster; the lint. The container provider's
-# package is a lane of its own because it is the longest Go package (15
-# min of a 31 min CI in stop 31's run, measured with go test -json): in
-# one go test with the rest it started 14 min in, last. On a
+# Every test and the lint, in four lanes side by side: the Go tests that
+# need no cluster, then the crash test; the kubernetes packages' (on the
+# kubetest cluster, its binaries built first), then the two-daemon test;
+# the Python half, then the MCP TypeScript client's test; the lint. On a
 # cold machine they are minutes of compiling each, and then mostly waiting
 # (on sessions, Pods, daemons): side by side, one lane's waiting is
 # another's CPU. The lint yields the
@@ -85,7 +79,7 @@ lint:
 # others' are kept in files and printed once every lane is done; any lane
 # failing fails it.
 test:
-	@$(LANES) "test-go-container crash" "test-go-kube kube-daemons" "kube-binaries test-python test-mcp-node" test-go-rest "lint NICE=nice"
+	@$(LANES) "test-go-local crash" "test-go-kube kube-daemons" "kube-binaries test-python test-mcp-node" "lint NICE=nice"
 
 # LANES A B...: make -k of each list of targets, in order, the lists side
 # by side; the summary says how long each lane took.
@@ -103,19 +97,16 @@ LANES = sh -c 'dir=$$(mktemp -d); n=0; \
 
 test-go: test-go-local test-go-kube
 
-test-go-local: test-go-container test-go-rest
-
-# The suites' clauses are parallel subtests that mostly wait (on sessions,
-# on Pods): four at a time rather than GOMAXPROCS's two.
-test-go-container:
-	$(GO) test -race -count=1 -timeout 20m -parallel 4 ./provider/container/
-
-test-go-rest:
-	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v -e /provider/kubernetes -e /bench/kubernetes -e /provider/container$$)
+# The container provider's package first: it is the longest (15 min of
+# stop 31's 31 min CI, measured with go test -json), and go test starts
+# packages in the order given, so that listed with the rest it started
+# 14 min in, last, with the machine idle beside it at the end.
+test-go-local:
+	$(GO) test -race -count=1 -timeout 20m ./provider/container/ $$($(GO) list ./... | grep -v -e /provider/kubernetes -e /bench/kubernetes -e '/provider/container$$')
 
 test-go-kube:
 	$(KUBE_BUILD)
-	$(GO) test -race -count=1 -timeout 20m -parallel 4 $(KUBE_PKGS)
+	$(GO) test -race -count=1 -timeout 20m $(KUBE_PKGS)
 
 # python/test.sh makes python/.venv and installs the Python distribution
 # with its test extras from PyPI itself.
