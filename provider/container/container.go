@@ -252,13 +252,19 @@ type Options struct {
 	// shifted once, at its next create (host root's files become
 	// UserNamespaceBase's, uid 1000's UserNamespaceBase+1000's, and back).
 	// Sessions share the mapping: a process that escaped one is the same
-	// host uid as root in the others.
+	// host uid as root in the others. On crun each session's user
+	// namespace is owned by a host uid of its own (see
+	// [UserNamespaceOwnerBase]), which the kernel charges for what the
+	// session makes (inotify instances, namespaces...); on runc it is
+	// host root's, and limits per uid of the session bound what it makes.
 	//
 	// Remapping needs root, user namespaces enabled, idmapped mounts on
 	// the filesystem of the images and of the state directory, overlayfs
 	// on an idmapped lower layer (Linux 5.19), no /etc/subuid or
-	// /etc/subgid range over the sessions' ids, and the root mount points
-	// under /run/tai42/roots reachable by others.
+	// /etc/subgid range over the sessions' ids or their namespaces'
+	// owners' (ids 1,000,000 to 1,131,071), /bin/sh (on crun, the
+	// program the process that makes a session's namespace stops at), and
+	// the root mount points under /run/tai42/roots reachable by others.
 	UserNamespace UserNamespaceMode
 	// DiskMB caps what a session may write, in MiB: its root's upper
 	// layer, its /tmp and (ephemeral sessions) its workspace share one
@@ -355,8 +361,10 @@ type provider struct {
 	seccomp   seccompCache
 	closeOnce sync.Once
 
-	// userLimits are, when remapped, each session's user namespace's
-	// limits (see limitsHook).
+	owners owners // the owners of the sessions' user namespaces (crun)
+
+	// userLimits are, when remapped on runc, each session's user
+	// namespace's limits (see limitsHook).
 	userLimits []string
 
 	fenceMu  sync.Mutex

@@ -1,6 +1,7 @@
 package container_test
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,29 +15,44 @@ import (
 )
 
 // TestEscapeInotifyInstances: root in a remapped session that opens
-// inotify instances until the kernel refuses holds no more than its
-// share, and host root still gets one meanwhile. (A session's inotify
-// instances are charged to host root too, its user namespace's owner, up
-// to fs.inotify.max_user_instances, 128 by default: one session took them
-// all.) The bound is per uid of the session (see limitsHook): root in a
-// session that becomes other uids gets it for each, no more.
+// inotify instances as several uids, until the kernel refuses, holds no
+// more than its bound, and meanwhile host root and another session still
+// get one. (A session's inotify instances are charged to the owner of its
+// user namespace too: when that was host root with no other bound, one
+// session took all 128 of host root's, fs.inotify.max_user_instances, and
+// host root's inotify_init failed until the session ended.)
+//
+// On crun each session's namespace is owned by a host uid of its own (see
+// TestUserNSOwners): the session as a whole holds at most what one host
+// user may, as ten uids (more than the eight that reach host root's count
+// on runc). On runc the namespace is host root's and its own limits bound
+// each uid of the session to an eighth of that: four uids hold no more
+// than four eighths.
 func TestEscapeInotifyInstances(t *testing.T) {
 	forEachEscapeMode(t, func(t *testing.T, p *testProvider) {
 		if !container.RemapsUsers(p.sb) {
 			t.Skip("without a user namespace root in a session is host root: its inotify instances are host root's, with no bound of the session's own (the docs say so)")
 		}
-		if p.rt == "crun" {
-			t.Skip("crun 1.8.1 fails the hook that writes a session's limits: its sessions have no bound of their own (see sessionUserLimits)")
+		hostLimit, ok := readInt("/proc/sys/user/max_inotify_instances")
+		if !ok {
+			t.Fatal("cannot read /proc/sys/user/max_inotify_instances")
 		}
-		bound := container.SessionLimit(p.sb, "max_inotify_instances")
-		if bound <= 0 {
-			t.Fatalf("the provider sets no limit on a session's inotify instances")
+		users, bound := 10, hostLimit
+		if p.rt == "runc" {
+			perUID := container.SessionLimit(p.sb, "max_inotify_instances")
+			if perUID <= 0 {
+				t.Fatalf("the provider sets no limit on a runc session's inotify instances")
+			}
+			users, bound = 4, 4*perUID
 		}
 		sess := p.session(t, spec(containertest.Busybox, sandbox.NetworkNone))
-		installProbe(t, sess)
-		mustSh(t, sess, `mkdir -p /workspace/inotify && chmod 777 /workspace/inotify`)
+		other := p.session(t, spec(containertest.Busybox, sandbox.NetworkNone))
+		for _, s := range []sandbox.Session{sess, other} {
+			installProbe(t, s)
+			mustSh(t, s, `mkdir -p /workspace/inotify && chmod 777 /workspace/inotify`)
+		}
 		done := make(chan probeResult, 1)
-		go func() { done <- probeAsync(sess, "inotify", "1:/workspace/inotify") }()
+		go func() { done <- probeAsync(sess, "inotify", fmt.Sprintf("%d:/workspace/inotify", users)) }()
 		released := false
 		release := func() {
 			if !released {
@@ -55,39 +71,64 @@ func TestEscapeInotifyInstances(t *testing.T) {
 				t.Fatalf("the probe did not say what it holds: %v (probe: %+v)", err, <-done)
 			}
 		}
-		// While the session holds all it can: host root's own.
+		// While the session holds all it can: host root's own, and the
+		// other session's.
 		fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
 		if err != nil {
-			t.Errorf("host root's inotify_init1 while the session holds its instances (%s): %v", held, err)
+			t.Errorf("host root's inotify_init1 while a session holds all it can (%s): %v", held, err)
 		} else {
 			unix.Close(fd)
+		}
+		mustSh(t, other, `touch /workspace/inotify/release`)
+		if r := probe(t, other, "inotify", "1:/workspace/inotify"); !r.OK {
+			t.Errorf("another session's inotify_init1 while a session holds all it can (%s): %+v", held, r)
 		}
 		release()
 		r := <-done
 		total, _ := strconv.Atoi(r.items()["total"])
-		t.Logf("the session held %s (bound %d): %+v", held, bound, r)
+		t.Logf("as %d uids, the session held %s (bound %d): %+v", users, held, bound, r)
 		if !r.OK || total == 0 {
 			t.Fatalf("control: the session opened no inotify instance: %+v", r)
 		}
 		if int64(total) > bound {
-			t.Errorf("the session held %d inotify instances (%s), past its bound %d", total, held, bound)
+			t.Errorf("as %d uids, the session held %d inotify instances (%s), past its bound %d", users, total, held, bound)
 		}
 		if !strings.Contains(r.Detail, "err=EMFILE") {
 			t.Errorf("the session's last inotify_init1 failed otherwise than for the bound: %+v", r)
 		}
+	})
+}
 
-		// As root and three other uids: the bound of each, no more.
-		mustSh(t, sess, `rm -f /workspace/inotify/held && touch /workspace/inotify/release`)
-		r = probe(t, sess, "inotify", "4:/workspace/inotify")
-		total, _ = strconv.Atoi(r.items()["total"])
-		t.Logf("as 4 uids, the session held %s", r.Detail)
-		if int64(total) > 4*bound {
-			t.Errorf("as 4 uids, the session held %d inotify instances (%s), past 4 times its bound %d", total, r.Detail, bound)
+// TestUserNSOwners: on crun each remapped session's user namespace is
+// owned by a host uid of the owners' range, not root, and two sessions' by
+// two uids, so that the kernel charges what each makes to a user of its
+// own.
+func TestUserNSOwners(t *testing.T) {
+	forEachEscapeMode(t, func(t *testing.T, p *testProvider) {
+		if !container.RemapsUsers(p.sb) {
+			t.Skip("without a user namespace a session is in host root's own")
+		}
+		if p.rt == "runc" {
+			t.Skip("runc makes a session's user namespace itself, as host root (see ownUserNS): TestEscapeUserLimits checks its bounds")
+		}
+		a := p.session(t, spec(containertest.Busybox, sandbox.NetworkNone))
+		b := p.session(t, spec(containertest.Busybox, sandbox.NetworkNone))
+		ua, ub := nsOwnerOf(t, bundlePID(t, p.opts, a.ID())), nsOwnerOf(t, bundlePID(t, p.opts, b.ID()))
+		for _, u := range []int{ua, ub} {
+			if u < container.UserNamespaceOwnerBase || u >= container.UserNamespaceOwnerBase+container.UserNamespaceOwners {
+				t.Errorf("a session's user namespace is owned by host uid %d, outside the owners' range %d-%d", u, container.UserNamespaceOwnerBase, container.UserNamespaceOwnerBase+container.UserNamespaceOwners-1)
+			}
+		}
+		if ua == ub {
+			t.Errorf("two sessions' user namespaces are both owned by host uid %d", ua)
+		}
+		if got := strings.TrimSpace(mustSh(t, a, `id -u`)); got != "0" {
+			t.Errorf("root in the session is uid %s", got)
 		}
 	})
 }
 
-// TestEscapeUserLimits: a remapped session's user namespace has the
+// TestEscapeUserLimits: a remapped runc session's user namespace has the
 // provider's limits on every per-user count charged to host root as well
 // (inotify instances and watches, fanotify groups and marks, user and
 // mount namespaces; a new namespace's are unlimited), and the session
@@ -98,7 +139,7 @@ func TestEscapeUserLimits(t *testing.T) {
 			t.Skip("without a user namespace a session's counts are host root's own: nothing of the session's to bound")
 		}
 		if p.rt == "crun" {
-			t.Skip("crun 1.8.1 fails the hook that writes a session's limits: its sessions have no bound of their own (see sessionUserLimits)")
+			t.Skip("a crun session's user namespace is owned by a host uid of its own, whose host limits bound it (TestUserNSOwners)")
 		}
 		sess := p.session(t, spec(containertest.Busybox, sandbox.NetworkNone))
 		for _, name := range []string{"max_inotify_instances", "max_inotify_watches", "max_fanotify_groups", "max_fanotify_marks", "max_user_namespaces", "max_mnt_namespaces"} {

@@ -156,6 +156,13 @@ var (
 // DefaultAgent is defaultAgent, for the test of where the agent comes from.
 var DefaultAgent = defaultAgent
 
+// Owners hands out the owners of sessions' user namespaces (see owners).
+type Owners = owners
+
+func (o *owners) Take() (int, error) { return o.take() }
+func (o *owners) Hold(uid int) bool  { return o.hold(uid) }
+func (o *owners) Release(uid int)    { o.release(uid) }
+
 // SessionLimit is the limit of a remapped session of sb's provider on the
 // per-user count name (a file of /proc/sys/user); 0: none.
 func SessionLimit(sb *kit.Sandbox, name string) int64 {
@@ -167,3 +174,6 @@ func SessionLimit(sb *kit.Sandbox, name string) int64 {
 	}
 	return 0
 }
+
+// CheckSubIDs is checkSubIDs.
+var CheckSubIDs = checkSubIDs

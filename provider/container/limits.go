@@ -12,11 +12,11 @@ import (
 )
 
 // sessionShare is the part of what the host gives each user that a
-// remapped session may hold, per uid of its own, of the kernel's per-user
-// counts charged to host root as well (see limitsHook): an eighth.
+// remapped runc session may hold, per uid of its own, of the kernel's
+// per-user counts charged to host root as well (see limitsHook): an eighth.
 const sessionShare = 8
 
-// sessionLimits are the per-user counts a remapped session's user
+// sessionLimits are the per-user counts a remapped runc session's user
 // namespace bounds (see limitsHook), each to the host's limit's share, or, for the
 // namespaces (which the seccomp profile refuses a session anyway), to a
 // few beyond what the runtime makes there itself.
@@ -32,7 +32,7 @@ var sessionLimits = []struct {
 	{name: "max_mnt_namespaces", fixed: 16},
 }
 
-// userLimits reads the host's per-user limits and returns a remapped
+// userLimits reads the host's per-user limits and returns a remapped runc
 // session's, as NAME=VALUE (see limitsHook); a count this kernel does not
 // have is left out.
 func userLimits() ([]string, error) {
@@ -59,7 +59,8 @@ func userLimits() ([]string, error) {
 }
 
 // limitsHook is the createContainer hook that writes limits (NAME=VALUE,
-// NAME a file of /proc/sys/user) in a remapped session's user namespace.
+// NAME a file of /proc/sys/user) in a remapped runc session's user
+// namespace (see ownUserNS for crun's).
 //
 // The kernel charges an inotify instance (a user namespace, a mount
 // namespace, a fanotify group...) to its creator's uid in the creator's
@@ -97,13 +98,13 @@ func limitsHook(limits []string) specs.Hook {
 const hookShell = "/bin/sh"
 
 // sessionUserLimits are the limits a session's config has its runtime
-// write (see limitsHook): none without a user namespace, where root in a
-// session is host root and its use is host root's own, nor on crun, whose
-// version 1.8.1 fails the hook here ("executable path not specified", the
-// shell never runs) where it runs it in a bare bundle: its remapped
-// sessions are charged to host root without a bound of their own.
+// write (see limitsHook): on runc alone. None without a user namespace,
+// where root in a session is host root and its use is host root's own, nor
+// on crun, whose sessions' namespaces are owned by uids of their own (see
+// ownUserNS). (crun 1.8.1 fails the hook here besides: "executable path
+// not specified", the shell never runs.)
 func (p *provider) sessionUserLimits() []string {
-	if p.userns == nil || p.rt.name != "runc" {
+	if p.userns == nil || p.ownUserNS() {
 		return nil
 	}
 	return p.userLimits

@@ -77,6 +77,25 @@ func (r *session) Handle() json.RawMessage {
 	return b
 }
 
+// holdOwner holds, for a recovered session whose PID 1 is pid, the host
+// uid that owns its user namespace (see owners), so that no new session
+// gets it while this one runs.
+func (r *session) holdOwner(pid int) error {
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	uid, err := nsOwner(ns)
+	if err != nil {
+		return err
+	}
+	if r.p.owners.hold(uid) {
+		r.owner = uid
+	}
+	return nil
+}
+
 // parseHandle reads a session's handle, as Handle wrote it.
 func parseHandle(raw json.RawMessage) (sessionHandle, error) {
 	if len(raw) == 0 {
@@ -441,6 +460,11 @@ func (p *provider) recoverOne(ctx context.Context, k kit.Kept, h sessionHandle, 
 		return nil, fmt.Errorf("its container is not running: %w", err)
 	}
 	r.initFD = fd
+	if h.Remap {
+		if err := r.holdOwner(pid); err != nil {
+			return nil, fmt.Errorf("its user namespace: %w", err)
+		}
+	}
 	// Its disks once its container is known to run: the container's
 	// mounts are what holds them.
 	if r.disk != nil {

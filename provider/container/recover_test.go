@@ -26,6 +26,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/tai42/sandbox"
 	"github.com/tai42/sandbox/kit"
@@ -138,6 +139,22 @@ func bundlePID(t *testing.T, opts container.Options, id string) int {
 		t.Fatalf("the pid file of session %s holds %q", id, b)
 	}
 	return pid
+}
+
+// nsOwnerOf returns the host uid that owns the user namespace of process
+// pid, as the kernel says.
+func nsOwnerOf(t *testing.T, pid int) int {
+	t.Helper()
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	uid, err := unix.IoctlGetUint32(int(ns.Fd()), unix.NS_GET_OWNER_UID)
+	if err != nil {
+		t.Fatalf("NS_GET_OWNER_UID of process %d: %v", pid, err)
+	}
+	return int(uid)
 }
 
 // waitDead waits up to 10 s for process pid to end (a zombie has ended).
@@ -422,7 +439,7 @@ func TestRecover(t *testing.T) {
 	for _, c := range []struct {
 		rt   string
 		mode container.UserNamespaceMode
-	}{{"runc", container.UserNamespaceOn}, {"crun", container.UserNamespaceOff}} {
+	}{{"runc", container.UserNamespaceOn}, {"crun", container.UserNamespaceOff}, {"crun", container.UserNamespaceOn}} {
 		t.Run(c.rt+"-userns-"+string(c.mode), func(t *testing.T) { testRecover(t, c.rt, c.mode) })
 	}
 }
@@ -619,6 +636,16 @@ func testRecover(t *testing.T, rt string, mode container.UserNamespaceMode) {
 		t.Error("the new session got the address of a recovered one")
 	}
 	reaches(t, "new internal to recovered internal", fresh, a)
+	if rt == "crun" && mode == container.UserNamespaceOn {
+		// The owners of the recovered sessions' user namespaces are
+		// theirs still: the new session's is another.
+		own := nsOwnerOf(t, bundlePID(t, opts, newID))
+		for _, s := range sessions {
+			if _, ok := back[s.id]; ok && nsOwnerOf(t, bundlePID(t, opts, s.id)) == own {
+				t.Errorf("the new session's user namespace has the owner of recovered session %q's, host uid %d", s.name, own)
+			}
+		}
+	}
 
 	// Destroyed, the recovered sessions leave nothing; Close neither.
 	ids := slices.Collect(maps.Keys(back))

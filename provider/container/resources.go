@@ -45,6 +45,7 @@ type session struct {
 
 	rootfs  string // the root overlay's mount point
 	rootDir string // when remapped, rootfs's own directory under rootsDir
+	owner   int    // when remapped, the host uid that owns its user namespace (see owners); 0: none
 
 	release func() // the image's hold, or nil
 	imageID string // the image's content digest; "" for the host image

@@ -30,7 +30,8 @@ type bind struct{ source, dest string }
 // specInput is what one session's OCI config is made of.
 type specInput struct {
 	remap       bool      // a user namespace of UserNamespaceBase's mapping
-	limits      []string  // when remapped, its limits (see limitsHook)
+	userns      string    // when remapped, the user namespace to join; "": the runtime makes it
+	limits      []string  // when the runtime makes it, its limits (see limitsHook)
 	tmpfs       bool      // /tmp is a tmpfs (no disk cap); else a directory of the root's upper layer
 	sysfs       string    // when remapped, the session's sysfs, mounted
 	rootfs      string    // the session's root overlay, mounted
@@ -98,9 +99,9 @@ func buildSpec(in specInput) *specs.Spec {
 	}
 	if in.remap {
 		ids := []specs.LinuxIDMapping{{ContainerID: 0, HostID: UserNamespaceBase, Size: UserNamespaceSize}}
-		s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+		s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace, Path: in.userns})
 		s.Linux.UIDMappings, s.Linux.GIDMappings = ids, ids
-		if len(in.limits) > 0 {
+		if in.userns == "" && len(in.limits) > 0 {
 			s.Hooks = &specs.Hooks{CreateContainer: []specs.Hook{limitsHook(in.limits)}}
 		}
 		// The provider mounted the sysfs, which the user namespace could

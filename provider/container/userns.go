@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -36,14 +37,97 @@ const (
 
 // The fixed mapping of a remapped session, the same for uids and gids:
 // ids 0 to UserNamespaceSize-1 in the session are UserNamespaceBase to
-// UserNamespaceBase+UserNamespaceSize-1 on the host. No host account
-// should own ids in that range: the provider refuses to remap when
-// /etc/subuid or /etc/subgid hands out any of them. Every session shares
+// UserNamespaceBase+UserNamespaceSize-1 on the host. Every session shares
 // the mapping; sessions never see each other's processes or files.
+//
+// On crun, each session's user namespace is owned by a host uid of its
+// own, one of UserNamespaceOwners from UserNamespaceOwnerBase, which no
+// process runs as: the kernel charges what a session makes (inotify
+// instances, fanotify groups, namespaces, pending signals) to that uid,
+// against the host's per-user limits, and never to host root (see
+// ownUserNS for runc). No host account should own ids in either range:
+// the provider refuses to remap when /etc/subuid or /etc/subgid hands out
+// any of them.
 const (
-	UserNamespaceBase = 1_000_000
-	UserNamespaceSize = 65536
+	UserNamespaceBase      = 1_000_000
+	UserNamespaceSize      = 65536
+	UserNamespaceOwnerBase = UserNamespaceBase + UserNamespaceSize
+	UserNamespaceOwners    = 65536
 )
+
+// ownUserNS reports whether each remapped session gets a user namespace
+// made beforehand, owned by a host uid of its own (see owners), that the
+// runtime joins: on crun. runc 1.1 joins a given user namespace before
+// every other namespace, and from it may not join the session's network
+// namespace, which host root owns ("failed to setns into net namespace:
+// Operation not permitted"): on runc the runtime makes the session's user
+// namespace, owned by host root, and a hook bounds its counts per uid of
+// the session (see limitsHook).
+func (p *provider) ownUserNS() bool { return p.userns != nil && p.rt.name == "crun" }
+
+// owners hands out the host uids that own sessions' user namespaces, one
+// per session at a time, in turn (a uid just released is the last one
+// taken again). Safe for concurrent use.
+type owners struct {
+	mu   sync.Mutex
+	next int          // the offset the next take tries first
+	used map[int]bool // host uids held
+}
+
+// take holds and returns a free owner uid.
+func (o *owners) take() (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.used == nil {
+		o.used = make(map[int]bool)
+	}
+	for range UserNamespaceOwners {
+		uid := UserNamespaceOwnerBase + o.next
+		o.next = (o.next + 1) % UserNamespaceOwners
+		if !o.used[uid] {
+			o.used[uid] = true
+			return uid, nil
+		}
+	}
+	return 0, fmt.Errorf("all %d owner uids of sessions' user namespaces are in use", UserNamespaceOwners)
+}
+
+// hold marks uid held (a recovered session's) and reports whether it did:
+// a uid outside the range (root, for a session made before owners were)
+// is not one to hold.
+func (o *owners) hold(uid int) bool {
+	if uid < UserNamespaceOwnerBase || uid >= UserNamespaceOwnerBase+UserNamespaceOwners {
+		return false
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.used == nil {
+		o.used = make(map[int]bool)
+	}
+	o.used[uid] = true
+	return true
+}
+
+// release frees uid for another session.
+func (o *owners) release(uid int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.used, uid)
+}
+
+// userNSExe is what the process that makes a session's user namespace
+// execs (and never runs, see newUserNS): a program its owner, an
+// unprivileged uid, may exec wherever the state directory is.
+const userNSExe = "/bin/sh"
+
+// nsOwner returns the host uid that owns the user namespace ns.
+func nsOwner(ns *os.File) (int, error) {
+	uid, err := unix.IoctlGetUint32(int(ns.Fd()), unix.NS_GET_OWNER_UID)
+	if err != nil {
+		return 0, fmt.Errorf("the owner of a user namespace: %w", err)
+	}
+	return int(uid), nil
+}
 
 // rootsDir holds the mount points of remapped sessions' roots, one
 // directory per session (mode 0700, owned by the session's root). The
@@ -83,11 +167,16 @@ func (p *provider) setupUserNS(mode UserNamespaceMode) error {
 		p.log.Warn("container: sessions run without a user namespace: root in a session is root on the host", "reason", err.Error())
 		return nil
 	}
+	p.userns = ns
+	if p.ownUserNS() {
+		p.log.Info("container: sessions run in a user namespace, each owned by a host uid of its own", "uid_base", UserNamespaceBase, "size", UserNamespaceSize, "owner_base", UserNamespaceOwnerBase, "owners", UserNamespaceOwners)
+		return nil
+	}
 	if p.userLimits, err = userLimits(); err != nil {
+		p.userns = nil
 		ns.Close()
 		return fmt.Errorf("the sessions' limits: %w", err)
 	}
-	p.userns = ns
 	p.log.Info("container: sessions run in a user namespace", "uid_base", UserNamespaceBase, "size", UserNamespaceSize, "limits", strings.Join(p.userLimits, " "))
 	return nil
 }
@@ -118,7 +207,7 @@ func (p *provider) openUserNS() (_ *os.File, err error) {
 			return nil, fmt.Errorf("the sessions' root mount points: %w", err)
 		}
 	}
-	ns, err := newUserNS(p.agent.binary)
+	ns, err := newUserNS(p.agent.binary, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -137,6 +226,14 @@ func (p *provider) openUserNS() (_ *os.File, err error) {
 	unix.Close(fd)
 	if err = p.probeRemappedRoot(ns); err != nil {
 		return nil, err
+	}
+	if p.rt.name == "crun" {
+		// A namespace as each session gets its own (see ownUserNS).
+		owned, err := newUserNS(userNSExe, UserNamespaceOwnerBase)
+		if err != nil {
+			return nil, fmt.Errorf("a session's user namespace: %w", err)
+		}
+		owned.Close()
 	}
 	return ns, nil
 }
@@ -163,8 +260,8 @@ func checkSubIDs(file string) error {
 		if err1 != nil || err2 != nil {
 			continue
 		}
-		if start < UserNamespaceBase+UserNamespaceSize && UserNamespaceBase < start+count {
-			return fmt.Errorf("%s gives %s ids %d-%d, which overlap the sessions' range %d-%d", file, fields[0], start, start+count-1, UserNamespaceBase, UserNamespaceBase+UserNamespaceSize-1)
+		if end := int64(UserNamespaceOwnerBase + UserNamespaceOwners); start < end && UserNamespaceBase < start+count {
+			return fmt.Errorf("%s gives %s ids %d-%d, which overlap the sessions' ranges %d-%d", file, fields[0], start, start+count-1, UserNamespaceBase, end-1)
 		}
 	}
 	return sc.Err()
@@ -188,37 +285,95 @@ func searchable(dir string) error {
 }
 
 // newUserNS returns a handle on a new user namespace with the sessions'
-// mapping. A child process makes it: exe, started traced so that it stops
-// at its exec, before it runs anything, and is killed there; the handle
-// keeps the namespace after the child is gone.
-func newUserNS(exe string) (*os.File, error) {
-	// The tracer is the thread that starts the child: it must not go
-	// before the child is reaped, or the child would run on untraced.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	ids := []syscall.SysProcIDMap{{ContainerID: 0, HostID: UserNamespaceBase, Size: UserNamespaceSize}}
+// mapping, owned by host uid owner. A child process makes it: exe,
+// started traced so that it stops at its exec, before it runs anything,
+// and is killed there; the handle keeps the namespace after the child is
+// gone.
+//
+// A namespace's owner is the effective uid of the thread that makes it,
+// and the kernel charges what is made in the namespace (inotify
+// instances, fanotify groups, namespaces, pending signals) to its owner
+// as well, against the host's per-user limits. So the child is cloned by
+// a thread of this process whose effective uid is owner for that moment
+// only: a thread of its own, locked, that ends with its goroutine unless
+// it is root again. (The Go runtime starts no thread from a locked one.)
+// exe must be one that owner may run.
+func newUserNS(exe string, owner int) (*os.File, error) {
+	type result struct {
+		ns  *os.File
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		// The tracer is this thread: it must not go before the child is
+		// reaped, or the child would run on untraced.
+		runtime.LockOSThread()
+		ns, root, err := cloneUserNS(exe, owner)
+		if root {
+			runtime.UnlockOSThread()
+		}
+		done <- result{ns, err}
+	}()
+	r := <-done
+	return r.ns, r.err
+}
+
+// cloneUserNS is newUserNS on a locked thread; root says whether the
+// thread's effective uid is root again.
+func cloneUserNS(exe string, owner int) (_ *os.File, root bool, _ error) {
 	cmd := &exec.Cmd{
 		Path: exe,
 		Args: []string{"tai42-userns-holder"},
 		Env:  []string{},
 		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags:  syscall.CLONE_NEWUSER,
-			UidMappings: ids,
-			GidMappings: ids,
-			Ptrace:      true,
-			Pdeathsig:   syscall.SIGKILL,
+			Cloneflags: syscall.CLONE_NEWUSER,
+			Ptrace:     true,
+			Pdeathsig:  syscall.SIGKILL,
 		},
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("cannot start a process in a new user namespace: %w", err)
+	if err := setThreadEUID(owner); err != nil {
+		return nil, false, fmt.Errorf("cannot become uid %d to make a user namespace it owns: %w", owner, err)
 	}
-	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid))
-	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
+	startErr := cmd.Start()
+	if err := setThreadEUID(0); err != nil {
+		if startErr == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		return nil, false, fmt.Errorf("cannot become root again after making a user namespace: %w", err)
+	}
+	if startErr != nil {
+		return nil, true, fmt.Errorf("cannot start a process in a new user namespace (%s as uid %d): %w", exe, owner, startErr)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	pid := cmd.Process.Pid
+	mapping := fmt.Sprintf("0 %d %d\n", UserNamespaceBase, UserNamespaceSize)
+	for _, f := range []string{"uid_map", "gid_map"} {
+		if err := os.WriteFile(fmt.Sprintf("/proc/%d/%s", pid, f), []byte(mapping), 0); err != nil {
+			return nil, true, fmt.Errorf("the new user namespace's %s: %w", f, err)
+		}
+	}
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
 	if err != nil {
-		return nil, fmt.Errorf("the new user namespace: %w", err)
+		return nil, true, fmt.Errorf("the new user namespace: %w", err)
 	}
-	return ns, nil
+	return ns, true, nil
+}
+
+// setThreadEUID sets the effective uid of the calling thread alone (its
+// real and saved uids stay root, so that it may become root again).
+func setThreadEUID(uid int) error {
+	if unix.Geteuid() == uid {
+		return nil
+	}
+	keep := ^uintptr(0) // -1: unchanged
+	if _, _, errno := unix.RawSyscall(unix.SYS_SETRESUID, keep, uintptr(uid), keep); errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 // idmapTree returns a detached, read-only copy of the mount of src whose
