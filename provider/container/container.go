@@ -357,11 +357,13 @@ type provider struct {
 	diskDir   string        // their images and mount points
 	template  *diskTemplate // what an ephemeral disk is a copy of
 	diskUUIDs bool          // each gets a UUID of its own (see setDiskUUID)
-	pool      *diskPool     // ephemeral disks made ahead; nil: none
+	pool      *ahead[*disk] // ephemeral disks made ahead; nil: none
 	seccomp   seccompCache
 	closeOnce sync.Once
 
-	owners owners // the owners of the sessions' user namespaces (crun)
+	owners  owners            // the owners of the sessions' user namespaces (crun)
+	nsPool  *ahead[sessionNS] // their namespaces made ahead (see ownUserNS); nil: none
+	creates creates           // the creates running, which the refills of pool and nsPool wait for
 
 	// userLimits are, when remapped on runc, each session's user
 	// namespace's limits (see limitsHook).
@@ -542,6 +544,9 @@ func (p *provider) Close() error {
 		if p.pool != nil {
 			p.pool.close()
 		}
+		if p.nsPool != nil {
+			p.nsPool.close()
+		}
 		if p.net != nil && p.ownNet {
 			errs = append(errs, p.net.Close())
 		}
@@ -559,7 +564,7 @@ func (p *provider) Close() error {
 // in this process, as the process's death would, and touches no session:
 // the OCI runtime's mount namespace (crun's, on a host with hybrid cgroups:
 // its thread ends, and with it the mounts made there), the user namespace
-// handle, the network manager's sockets and made-ahead namespaces (its
+// handles (the sessions' made ahead too), the network manager's sockets and made-ahead namespaces (its
 // networks stay), the disk pool's refill (its disks stay), and the
 // sessions' locks.
 func (p *provider) Abandon() {
@@ -567,6 +572,9 @@ func (p *provider) Abandon() {
 		p.pullCancel()
 		if p.pool != nil {
 			p.pool.abandon()
+		}
+		if p.nsPool != nil {
+			p.nsPool.close() // handles of this process's, which its death closes
 		}
 		if p.rt != nil {
 			p.rt.close()

@@ -27,11 +27,10 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 	if !p.ready.Load() {
 		return nil, errors.New("container: the provider has not recovered its state directory yet (the kit calls Recover before any create)")
 	}
-	if p.pool != nil {
-		// The pool's refill waits for the creates (its rollback included).
-		p.pool.begin()
-		defer p.pool.end()
-	}
+	// The refills of what is made ahead wait for the creates (their
+	// rollbacks included).
+	p.creates.begin()
+	defer p.creates.end()
 	c := p.newCreation(ctx, req)
 	r := c.r
 	// First: from here on no other process sweeps what this one makes.
@@ -45,7 +44,6 @@ func (p *provider) Create(ctx context.Context, req kit.CreateRequest) (_ kit.Res
 			}
 		}
 	}()
-	c.startUserNS()
 	defer c.closeTemps() // before the rollback, as the create's own handles
 	if err := r.teardown.Run(
 		undo.Step{Name: "bundle", Do: c.bundle},
@@ -126,13 +124,12 @@ type creation struct {
 	lowers      []string // its lower layers, lowest first: the image's, or their idmapped views
 	binds       []bind
 	resolvConf  string
-	sysfsDir    string          // where the session's sysfs is mounted; "": none
-	listener    *os.File        // the agent's listening socket, handed to the container
-	netns       *os.File        // the session's network namespace, joined by the runtime
-	userns      *os.File        // when remapped on crun, the session's user namespace, joined by the runtime
-	usernsMade  chan madeUserNS // until the user namespace step takes it: the one startUserNS makes
-	netnsSysfs  int             // a sysfs of that namespace, to attach; -1: none
-	stdio       *stdioLog       // the container's stdout and stderr
+	sysfsDir    string    // where the session's sysfs is mounted; "": none
+	listener    *os.File  // the agent's listening socket, handed to the container
+	netns       *os.File  // the session's network namespace, joined by the runtime
+	userns      *os.File  // when remapped on crun, the session's user namespace, joined by the runtime
+	netnsSysfs  int       // a sysfs of that namespace, to attach; -1: none
+	stdio       *stdioLog // the container's stdout and stderr
 
 	seccompKey   [32]byte // the config's seccomp profile (crun)
 	learnSeccomp bool     // keep the program crun compiles for it
@@ -173,12 +170,7 @@ func (c *creation) closeTemps() {
 			f.Close()
 		}
 	}
-	if c.usernsMade != nil { // the create failed before its step
-		if m := <-c.usernsMade; m.err == nil {
-			m.ns.Close()
-			c.p.owners.release(m.owner)
-		}
-	}
+
 	if c.netnsSysfs >= 0 {
 		unix.Close(c.netnsSysfs)
 	}
@@ -530,52 +522,26 @@ func (r *session) unmountSysfs(context.Context) error {
 	return nil
 }
 
-// madeUserNS is a session's user namespace and its owner, or why it could
-// not be made.
-type madeUserNS struct {
-	ns    *os.File
-	owner int
-	err   error
-}
-
-// startUserNS starts making, when remapped on crun (see ownUserNS), the
-// session's user namespace, owned by a host uid of its own (see owners),
-// beside the steps before the one that takes it: its process's start
-// (about a millisecond, most of it the exec that it stops at) then adds
-// nothing to the create's time where a core is free.
-func (c *creation) startUserNS() {
-	if !c.p.ownUserNS() {
-		return
-	}
-	made := make(chan madeUserNS, 1)
-	c.usernsMade = made
-	go func() {
-		uid, err := c.p.owners.take()
-		if err != nil {
-			made <- madeUserNS{err: err}
-			return
-		}
-		ns, err := newUserNS(userNSExe, uid)
-		if err != nil {
-			c.p.owners.release(uid)
-		}
-		made <- madeUserNS{ns: ns, owner: uid, err: err}
-	}()
-}
-
-// userNamespace takes the session's user namespace startUserNS made, for
-// the runtime to join; its undo, once the container is gone, frees its
-// owner.
+// userNamespace gives, when remapped on crun (see ownUserNS), the
+// session its user namespace, owned by a host uid of its own (see owners),
+// for the runtime to join: one made ahead, or one made now when none is
+// ready. Its undo, once the container is gone, frees the owner.
 func (c *creation) userNamespace() (undo.Func, error) {
-	if c.usernsMade == nil {
+	if !c.p.ownUserNS() {
 		return nil, nil
 	}
-	m := <-c.usernsMade
-	c.usernsMade = nil
-	if m.err != nil {
-		return nil, m.err
+	var ns sessionNS
+	ok := false
+	if c.p.nsPool != nil {
+		ns, ok = c.p.nsPool.take()
 	}
-	c.userns, c.r.owner = m.ns, m.owner
+	if !ok {
+		var err error
+		if ns, err = c.p.makeSessionNS(); err != nil {
+			return nil, err
+		}
+	}
+	c.userns, c.r.owner = ns.f, ns.owner
 	return c.r.releaseOwner, nil
 }
 

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -581,243 +580,34 @@ func setDiskUUID(mnt string) error {
 	return nil
 }
 
-// diskPool holds a few ephemeral disks made ahead, mounted and empty, so
-// that a create takes one instead of making it (copy, attach, mount).
-// A goroutine refills it after each take, in the background: at the
-// lowest CPU and I/O priority, and once no create has been running for
-// refillQuiet (at the latest refillMaxDefer after the take), so that the
-// refill does not slow the creates it would run beside. Safe for
-// concurrent use.
-type diskPool struct {
-	p    *provider
-	want int
-
-	mu       sync.Mutex
-	ready    []*disk
-	closed   bool
-	creating int           // creates running
-	lastEnd  time.Time     // when the last create ended
-	failed   error         // the refill's last failure, until the next take or success
-	changed  chan struct{} // closed and replaced at each change of the above
-
-	kick chan struct{} // a take happened: make more
-	stop chan struct{}
-	done chan struct{}
-}
-
-// How the refill waits for the creates to be done. A disk is about a
-// millisecond of work, mostly the kernel's (a copy of the template, an
-// attach, a mount): short enough to make in the pause between one create
-// and the next of a client that creates, runs and destroys sessions one
-// after another, which a longer wait (20 ms, when a disk was a mkfs.ext4)
-// never found; each of its creates then made its own disk, and the
-// deferred refill landed in one of them.
-const (
-	refillQuiet    = 2 * time.Millisecond
-	refillMaxDefer = time.Second
-)
-
-func newDiskPool(p *provider, want int) *diskPool {
-	dp := &diskPool{p: p, want: want, changed: make(chan struct{}), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	go dp.fill()
-	return dp
-}
-
-// notify wakes the waiters of a change; dp.mu must be held.
-func (dp *diskPool) notify() {
-	close(dp.changed)
-	dp.changed = make(chan struct{})
-}
-
-// fill keeps the pool at want disks until stop. A disk it cannot make is
-// logged, and tried again at the next take.
-func (dp *diskPool) fill() {
-	defer close(dp.done)
-	// The refill's own work (the attach, runc's mounts) at the lowest
-	// priority too: on a thread of its own, which ends with it. Never the
-	// main thread, which outlives it.
-	runtime.LockOSThread()
-	if tid := unix.Gettid(); tid != unix.Getpid() {
-		lowPriority(tid)
-	}
-	for {
-		for {
-			dp.mu.Lock()
-			n := len(dp.ready)
-			dp.mu.Unlock()
-			if n >= dp.want || !dp.waitQuiet() {
-				break
-			}
-			d, err := dp.p.makeEphemeralDisk()
-			dp.mu.Lock()
-			if err != nil {
-				dp.failed = err
-				dp.notify()
-				dp.mu.Unlock()
-				dp.p.log.Warn("container: cannot make a session disk ahead; creates make their own meanwhile", "err", err)
-				break
-			}
-			if dp.closed {
-				dp.mu.Unlock()
-				dp.p.discardDisk(d)
-				return
-			}
-			dp.ready = append(dp.ready, d)
-			dp.failed = nil
-			dp.notify()
-			dp.mu.Unlock()
-		}
-		select {
-		case <-dp.stop:
-			return
-		case <-dp.kick:
-		}
-	}
-}
-
-// waitQuiet waits until no create has run for refillQuiet, or
-// refillMaxDefer has passed; false when the pool stops meanwhile.
-func (dp *diskPool) waitQuiet() bool {
-	deadline := time.Now().Add(refillMaxDefer)
-	for {
-		dp.mu.Lock()
-		busy, since := dp.creating > 0, time.Since(dp.lastEnd)
-		dp.mu.Unlock()
-		wait := refillQuiet
-		if !busy {
-			if since >= refillQuiet {
-				return true
-			}
-			wait -= since
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return true
-		}
-		timer := time.NewTimer(min(wait, left))
-		select {
-		case <-dp.stop:
-			timer.Stop()
-			return false
-		case <-timer.C:
-		}
-	}
-}
-
-// begin and end bracket a create, which the refill waits for.
-func (dp *diskPool) begin() {
-	dp.mu.Lock()
-	dp.creating++
-	dp.mu.Unlock()
-}
-
-func (dp *diskPool) end() {
-	dp.mu.Lock()
-	dp.creating--
-	dp.lastEnd = time.Now()
-	dp.mu.Unlock()
-}
-
-// take returns a ready disk, or nil when none is.
-func (dp *diskPool) take() *disk {
-	dp.mu.Lock()
-	var d *disk
-	if n := len(dp.ready); n > 0 && !dp.closed {
-		d = dp.ready[n-1]
-		dp.ready = dp.ready[:n-1]
-	}
-	dp.failed = nil // the refill tries again
-	dp.notify()
-	dp.mu.Unlock()
-	select {
-	case dp.kick <- struct{}{}:
-	default:
-	}
-	return d
-}
-
-// wait waits until the pool holds its want disks ready, and returns their
-// names. It fails with the refill's error when the refill failed since the
-// last take, when the pool is closed, or when ctx ends.
-func (dp *diskPool) wait(ctx context.Context) ([]string, error) {
-	for {
-		dp.mu.Lock()
-		var names []string
-		for _, d := range dp.ready {
-			names = append(names, d.name())
-		}
-		closed, failed, changed := dp.closed, dp.failed, dp.changed
-		dp.mu.Unlock()
-		switch {
-		case closed:
-			return nil, errors.New("the disk pool is closed")
-		case len(names) >= dp.want:
-			return names, nil
-		case failed != nil:
-			return nil, fmt.Errorf("the disk pool's refill failed: %w", failed)
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("waiting for the disk pool to be refilled (%d of %d ready): %w", len(names), dp.want, ctx.Err())
-		}
-	}
-}
-
-// close stops the refill and removes the ready disks.
-func (dp *diskPool) close() {
-	dp.mu.Lock()
-	if dp.closed {
-		dp.mu.Unlock()
-		return
-	}
-	dp.closed = true
-	ready := dp.ready
-	dp.ready = nil
-	dp.notify()
-	dp.mu.Unlock()
-	close(dp.stop)
-	<-dp.done
-	for _, d := range ready {
-		dp.p.discardDisk(d)
-	}
-}
-
-// abandon stops the refill and lets go of the ready disks, as the
-// process's death would: the next start sweeps them.
-func (dp *diskPool) abandon() {
-	dp.mu.Lock()
-	if dp.closed {
-		dp.mu.Unlock()
-		return
-	}
-	dp.closed = true
-	dp.ready = nil
-	dp.notify()
-	dp.mu.Unlock()
-	close(dp.stop)
-	<-dp.done
-}
-
-// WaitDiskPool waits until the container provider of sb has its pool of
-// disks made ahead full (Options.DiskPool), so that its next create takes
-// one, and returns their mount points (each one's image is the mount point
-// followed by ".img"): benchmarks and tests use it to see a provider at
-// rest, and to tell its pool's disks, which no session has, from a
-// session's. It returns none at once when the provider has no pool (the
-// cap off, DiskPool negative, or sb not a container provider's), and an
-// error when the refill failed since the last create, the pool is closed,
-// or ctx ends. Safe for concurrent use, once Recover is done (kit.New
-// returns then).
+// WaitDiskPool waits until the container provider of sb has what it
+// makes ahead ready: its pool of disks full (Options.DiskPool), so that
+// its next create takes one, and its sessions' user namespaces made ahead
+// (on crun, remapped). It returns the disks' mount points (each one's
+// image is the mount point followed by ".img"): benchmarks and tests use
+// it to see a provider at rest, and to tell its pool's disks, which no
+// session has, from a session's. It returns at once when the provider
+// makes nothing ahead (the cap off, DiskPool negative, not remapped on
+// crun, or sb not a container provider's), and an error when a refill
+// failed since the last create, the provider is closed, or ctx ends. Safe
+// for concurrent use, once Recover is done (kit.New returns then).
 func WaitDiskPool(ctx context.Context, sb *kit.Sandbox) ([]string, error) {
 	p, ok := sb.Provider().(*provider)
-	if !ok || p.pool == nil {
+	if !ok {
 		return nil, nil
 	}
-	names, err := p.pool.wait(ctx)
+	if p.nsPool != nil {
+		if _, err := p.nsPool.wait(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if p.pool == nil {
+		return nil, nil
+	}
+	disks, err := p.pool.wait(ctx)
 	var out []string
-	for _, n := range names {
-		out = append(out, filepath.Join(p.diskDir, n))
+	for _, d := range disks {
+		out = append(out, d.mnt)
 	}
 	return out, err
 }
@@ -834,7 +624,7 @@ func (p *provider) discardDisk(d *disk) {
 // made now when the pool has none ready.
 func (p *provider) sessionDisk() (*disk, error) {
 	if p.pool != nil {
-		if d := p.pool.take(); d != nil {
+		if d, ok := p.pool.take(); ok {
 			return d, nil
 		}
 	}

@@ -1,9 +1,11 @@
 package container
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -177,3 +179,22 @@ func SessionLimit(sb *kit.Sandbox, name string) int64 {
 
 // CheckSubIDs is checkSubIDs.
 var CheckSubIDs = checkSubIDs
+
+// AheadInts is an ahead of ints, with the creates its refill waits for,
+// for the tests of ahead.
+type AheadInts struct {
+	a *ahead[int]
+	c *creates
+}
+
+func NewAheadInts(want int, mk func() (int, error), discard func(int)) *AheadInts {
+	c := &creates{}
+	return &AheadInts{a: newAhead("ints", want, mk, discard, c, slog.New(slog.DiscardHandler)), c: c}
+}
+
+func (x *AheadInts) Take() (int, bool)                       { return x.a.take() }
+func (x *AheadInts) Wait(ctx context.Context) ([]int, error) { return x.a.wait(ctx) }
+func (x *AheadInts) Close()                                  { x.a.close() }
+func (x *AheadInts) Abandon()                                { x.a.abandon() }
+func (x *AheadInts) BeginCreate()                            { x.c.begin() }
+func (x *AheadInts) EndCreate()                              { x.c.end() }

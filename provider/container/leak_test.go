@@ -826,9 +826,10 @@ func TestLeakExecConnections(t *testing.T) {
 		p := newProvider(t, rt)
 		sess := p.session(t, spec(containertest.Busybox, sandbox.NetworkNone))
 		run(t, sess, "true")
-		// The disk pool refills after the create, in the background, and
-		// each disk it makes holds its lock file open: counted once the
-		// pool is full, they are in before as in after.
+		// What is made ahead is made again after the create, in the
+		// background, and holds descriptors (a disk its lock file, a user
+		// namespace its handle): counted once all is made, they are in
+		// before as in after.
 		poolDisks(t, p.sb)
 		defer debug.SetGCPercent(debug.SetGCPercent(-1))
 		before := fdTargets(t)

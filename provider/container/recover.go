@@ -361,7 +361,11 @@ func (p *provider) Recover(ctx context.Context, keep []kit.Kept) ([]kit.Recovere
 			"id", a.k.ID)
 	})
 	if p.diskOn && p.opts.DiskPool > 0 {
-		p.pool = newDiskPool(p, p.opts.DiskPool)
+		p.pool = newAhead("session disks", p.opts.DiskPool, p.makeEphemeralDisk, p.discardDisk, &p.creates, p.log)
+	}
+	if p.ownUserNS() {
+		// Once the recovered sessions hold their owners.
+		p.nsPool = newAhead("user namespaces", userNSAhead, p.makeSessionNS, p.discardSessionNS, &p.creates, p.log)
 	}
 	p.ready.Store(true)
 	return append(results, back...), nil

@@ -115,6 +115,39 @@ func (o *owners) release(uid int) {
 	delete(o.used, uid)
 }
 
+// sessionNS is a session's user namespace, and its owner.
+type sessionNS struct {
+	f     *os.File
+	owner int
+}
+
+// userNSAhead is how many sessions' user namespaces are made ahead (see
+// ahead): a namespace is a process started and killed, about a
+// millisecond, which a create would otherwise add to its time (made beside
+// its other steps, it slowed them by as much).
+const userNSAhead = 2
+
+// makeSessionNS makes a session's user namespace, owned by a host uid it
+// takes (see owners).
+func (p *provider) makeSessionNS() (sessionNS, error) {
+	uid, err := p.owners.take()
+	if err != nil {
+		return sessionNS{}, err
+	}
+	f, err := newUserNS(userNSExe, uid)
+	if err != nil {
+		p.owners.release(uid)
+		return sessionNS{}, err
+	}
+	return sessionNS{f: f, owner: uid}, nil
+}
+
+// discardSessionNS lets go of a session's user namespace no session took.
+func (p *provider) discardSessionNS(ns sessionNS) {
+	ns.f.Close()
+	p.owners.release(ns.owner)
+}
+
 // userNSExe is what the process that makes a session's user namespace
 // execs (and never runs, see newUserNS): a program its owner, an
 // unprivileged uid, may exec wherever the state directory is.
