@@ -93,12 +93,13 @@ func (t *stepTimer) lap(step string) {
 
 // liveBundle runs more containers from a live session's bundle.
 type liveBundle struct {
-	rt    *bareRuntime
-	tmpl  []byte   // the session's config.json
-	netns *os.File // the session's network namespace
-	edit  func(*specs.Spec)
-	base  string
-	seq   int
+	rt     *bareRuntime
+	tmpl   []byte   // the session's config.json
+	netns  *os.File // the session's network namespace
+	userns *os.File // and its user namespace
+	edit   func(*specs.Spec)
+	base   string
+	seq    int
 }
 
 // newLiveBundle makes a busybox session of provider sb (runtime rt) and
@@ -133,6 +134,14 @@ func newLiveBundle(b testing.TB, sb *tracked, opts container.Options, rt string,
 		b.Fatalf("the live session's network namespace: %v", err)
 	}
 	b.Cleanup(func() { netns.Close() })
+	// On crun, remapped, the session joined a user namespace made for it
+	// (its config names it by a descriptor of the provider's, closed
+	// since): the containers run from its bundle join the live one's.
+	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pids[0]))
+	if err != nil {
+		b.Fatalf("the live session's user namespace: %v", err)
+	}
+	b.Cleanup(func() { userns.Close() })
 	var r *bareRuntime
 	if rt == "crun" && hybridCgroups() {
 		// The provider's crun runs, and mounts its sessions' roots, in a
@@ -145,7 +154,7 @@ func newLiveBundle(b testing.TB, sb *tracked, opts container.Options, rt string,
 	} else {
 		r = newBareRuntime(b, rt)
 	}
-	return &liveBundle{rt: r, tmpl: tmpl, netns: netns, edit: edit, base: b.TempDir()}
+	return &liveBundle{rt: r, tmpl: tmpl, netns: netns, userns: userns, edit: edit, base: b.TempDir()}
 }
 
 // foreignMountNS is the mount namespace of the one thread of this process
@@ -302,8 +311,11 @@ func (lb *liveBundle) start(ctx context.Context) (_ *stepTimer, _ func() error, 
 		return nil, nil, fmt.Errorf("the provider's config.json: %w", err)
 	}
 	for i, ns := range spec.Linux.Namespaces {
-		if ns.Type == specs.NetworkNamespace {
+		switch {
+		case ns.Type == specs.NetworkNamespace:
 			spec.Linux.Namespaces[i].Path = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), lb.netns.Fd())
+		case ns.Type == specs.UserNamespace && ns.Path != "":
+			spec.Linux.Namespaces[i].Path = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), lb.userns.Fd())
 		}
 	}
 	spec.Linux.CgroupsPath = "/tai42/" + id
