@@ -47,11 +47,24 @@ func (s *suite) streamClauses() []clause {
 func (s *suite) testStreamInterleaved(t *testing.T) {
 	ctx := s.testContext(t)
 	_, sess := s.fresh(t, nil)
-	r := start(t, ctx, sess, sandbox.StartOptions{}, shArgv("echo o1; sleep 0.1; echo e1 >&2; sleep 0.1; echo o2")...)
+	// The command writes each line once the one before it has come
+	// through the stream (it waits for a line on stdin, which the test
+	// writes then): the order written is known whatever the machine's
+	// load, which a pause between the writes could not promise.
+	r := start(t, ctx, sess, sandbox.StartOptions{}, shArgv("echo o1; read x; echo e1 >&2; read x; echo o2")...)
+	want := []sandbox.StreamChunk{{Stream: sandbox.Stdout, Data: []byte("o1\n")}, {Stream: sandbox.Stderr, Data: []byte("e1\n")}, {Stream: sandbox.Stdout, Data: []byte("o2\n")}}
+	written := 0
+	for _, w := range want[:2] {
+		written += len(w.Data)
+		for len(r.stdout)+len(r.stderr) < written && r.next(ctx) {
+		}
+		if err := r.h.WriteStdin(ctx, []byte("\n")); err != nil {
+			t.Errorf("WriteStdin after %q came through: %v", w.Data, err)
+		}
+	}
 	r.drain(ctx, execTimeout)
 	r.wantExit(0, "the command exits 0")
 	got := merged(r.chunks)
-	want := []sandbox.StreamChunk{{Stream: sandbox.Stdout, Data: []byte("o1\n")}, {Stream: sandbox.Stderr, Data: []byte("e1\n")}, {Stream: sandbox.Stdout, Data: []byte("o2\n")}}
 	if fmt.Sprintf("%q", got) != fmt.Sprintf("%q", want) {
 		t.Errorf("stream = %s; want %s (stdout and stderr interleaved in the order written)", transcript(got), transcript(want))
 	}

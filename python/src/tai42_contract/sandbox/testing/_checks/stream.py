@@ -40,10 +40,21 @@ async def interleaved(c: Check) -> None:
     """The output interleaves stdout and stderr chunks in the order they were written, then
     ends with exactly one SandboxStreamExit, the last item."""
     _, sess = await c.fresh()
-    r = await start(c, sess, sh_argv("echo o1; sleep 0.1; echo e1 >&2; sleep 0.1; echo o2"))
+    # The command writes each line once the one before it has come through the output (it
+    # waits for a line on stdin, which the check writes then): the order written is known
+    # whatever the machine's load, which a pause between the writes could not promise.
+    r = await start(c, sess, sh_argv("echo o1; read x; echo e1 >&2; read x; echo o2"))
+    want = [("stdout", b"o1\n"), ("stderr", b"e1\n"), ("stdout", b"o2\n")]
+    written = 0
+    for _, data in want[:2]:
+        written += len(data)
+        while len(r.stdout) + len(r.stderr) < written and await r.next():
+            pass
+        _, err = await attempt(r.h.write_stdin(b"\n"))
+        if err is not None:
+            c.error(f"write_stdin after {data!r} came through: {err!r}")
     await r.drain(EXEC_TIMEOUT)
     r.want_exit(0, "the command exits 0")
-    want = [("stdout", b"o1\n"), ("stderr", b"e1\n"), ("stdout", b"o2\n")]
     if (got := merged(r.chunks)) != want:
         c.error(f"the output was {got}; want {want} (stdout and stderr in the order written)")
 
