@@ -198,3 +198,12 @@ func (x *AheadInts) Close()                                  { x.a.close() }
 func (x *AheadInts) Abandon()                                { x.a.abandon() }
 func (x *AheadInts) BeginCreate()                            { x.c.begin() }
 func (x *AheadInts) EndCreate()                              { x.c.end() }
+
+// OwnerHeld reports whether the provider of sb holds uid as the owner of
+// a session's user namespace (see owners).
+func OwnerHeld(sb *kit.Sandbox, uid int) bool {
+	o := &sb.Provider().(*provider).owners
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.used[uid]
+}

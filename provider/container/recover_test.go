@@ -439,7 +439,7 @@ func TestRecover(t *testing.T) {
 	for _, c := range []struct {
 		rt   string
 		mode container.UserNamespaceMode
-	}{{"runc", container.UserNamespaceOn}, {"crun", container.UserNamespaceOff}, {"crun", container.UserNamespaceOn}} {
+	}{{"runc", container.UserNamespaceOn}, {"crun", container.UserNamespaceOff}} {
 		t.Run(c.rt+"-userns-"+string(c.mode), func(t *testing.T) { testRecover(t, c.rt, c.mode) })
 	}
 }
@@ -636,16 +636,6 @@ func testRecover(t *testing.T, rt string, mode container.UserNamespaceMode) {
 		t.Error("the new session got the address of a recovered one")
 	}
 	reaches(t, "new internal to recovered internal", fresh, a)
-	if rt == "crun" && mode == container.UserNamespaceOn {
-		// The owners of the recovered sessions' user namespaces are
-		// theirs still: the new session's is another.
-		own := nsOwnerOf(t, bundlePID(t, opts, newID))
-		for _, s := range sessions {
-			if _, ok := back[s.id]; ok && nsOwnerOf(t, bundlePID(t, opts, s.id)) == own {
-				t.Errorf("the new session's user namespace has the owner of recovered session %q's, host uid %d", s.name, own)
-			}
-		}
-	}
 
 	// Destroyed, the recovered sessions leave nothing; Close neither.
 	ids := slices.Collect(maps.Keys(back))
@@ -827,12 +817,12 @@ func TestRecoverRuntimeMissing(t *testing.T) {
 }
 
 // TestRecoverThroughKit: a provider made with the crashed one's ledger
-// (on runc without a user namespace) gets its live sessions back through
+// (on crun in a user namespace) gets its live sessions back through
 // the kit: the kit hands Recover the ledger's sessions, with the handles
 // Create gave, and serves the recovered ones under their ids.
 func TestRecoverThroughKit(t *testing.T) {
 	containertest.Require(t)
-	opts := recoverOptions(t, "runc", container.UserNamespaceOff)
+	opts := recoverOptions(t, "crun", container.UserNamespaceOn)
 	sbA, ledger, crash := crashable(t, opts)
 	sp := spec(containertest.Busybox, sandbox.NetworkNone)
 	sp.Durability, sp.WorkspaceKey = sandbox.Persistent, "kit-"+randomToken(6)
@@ -869,6 +859,29 @@ func TestRecoverThroughKit(t *testing.T) {
 		}
 		if info, err := sess.Info(ctxFor(t)); err != nil || info.WorkspacePath != "/workspace" {
 			t.Errorf("%s: Info: %+v, %v; want workspace path /workspace", s.name, info, err)
+		}
+	}
+	// The recovered sessions keep the owners of their user namespaces (see
+	// container.UserNamespaceOwnerBase): the provider holds them, so that
+	// no session made now gets one, of those made ahead or made at once.
+	owners := map[int]string{}
+	for _, s := range sessions {
+		own := nsOwnerOf(t, s.init)
+		owners[own] = s.name
+		if !container.OwnerHeld(sb, own) {
+			t.Errorf("%s: the owner of its user namespace, host uid %d, is not held after the recovery", s.name, own)
+		}
+	}
+	if _, err := container.WaitDiskPool(ctxFor(t), sb); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		fresh, err := sb.CreateSession(ctxFor(t), spec(containertest.Busybox, sandbox.NetworkNone))
+		if err != nil {
+			t.Fatalf("CreateSession after the recovery: %v", err)
+		}
+		if own := nsOwnerOf(t, bundlePID(t, opts, fresh.ID())); owners[own] != "" {
+			t.Errorf("a session made after the recovery has the owner of recovered session %q's user namespace, host uid %d", owners[own], own)
 		}
 	}
 	if err := sb.Close(ctxFor(t)); err != nil {
