@@ -170,7 +170,6 @@ func (c *creation) closeTemps() {
 			f.Close()
 		}
 	}
-
 	if c.netnsSysfs >= 0 {
 		unix.Close(c.netnsSysfs)
 	}
